@@ -1,0 +1,37 @@
+"""Orisha: a static site compiled into complete HTTP responses.
+
+The Python API mirrors the three declarations of a small program::
+
+    import orisha
+    site = orisha.static("site", root="sites/demo", fallback="200.html")
+    orisha.serve(site, port=3000)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["static", "serve", "StaticSite"]
+
+
+@dataclass(frozen=True)
+class StaticSite:
+    name: str
+    root: str
+    fallback: str | None = None
+    not_found: str | None = None
+
+
+def static(name: str, root: str, fallback: str | None = None,
+           not_found: str | None = None) -> StaticSite:
+    """Declare a static site rooted at ``root``."""
+    return StaticSite(name, root, fallback, not_found)
+
+
+def serve(site: StaticSite, port: int = 8080, host: str = "127.0.0.1",
+          workers: int | None = None, loop: str | None = None) -> int:
+    """Build ``site`` (into a cache folder) and serve it until SIGTERM/SIGINT."""
+    from .cli import build_into_cache
+    from .server import run
+    out = build_into_cache(site.root, fallback=site.fallback, not_found=site.not_found)
+    return run(out, host=host, port=port, workers=workers, loop=loop)

@@ -1,0 +1,350 @@
+"""The sans-I/O request core: bytes in, buffers out.
+
+Strategy: a ``Connection`` is fed the bytes a loop body read and hands back
+the buffers to write, in order. It frames requests (pipelining, keep-alive,
+bodies to discard), picks a precomputed response, and decides when the
+connection ends and when it times out. It never touches a socket or a clock:
+the loop passes ``now`` (seconds since the epoch) into every call.
+
+The loop body contract (see ``orisha/loops/base.py``):
+  ``app.connect(now)`` on accept; ``receive(data, now)`` with what was read
+  (``b""`` = the peer finished sending); write ``outgoing`` and report it with
+  ``sent(n, now)``; read only while ``wants_read``; close when ``should_close``;
+  call ``tick(now)`` about once a second; ``shutdown(now)`` to stop gracefully;
+  ``close()`` once the socket is closed.
+
+Backpressure: while output is pending the core asks for no input, and it
+answers at most ``Limits.pipeline`` requests per round, so a connection holds
+at most one read's worth of unparsed bytes plus references to constant bodies.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .dates import format_http_date, parse_http_date
+from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
+from .request import KNOWN_METHODS, SAFE_METHODS, HttpError, parse_head
+from .site import IDENTITY, Entry, Redirect, Site
+
+
+class Limits:
+    """Per-worker limits; every one is configurable from the CLI."""
+
+    __slots__ = ("head", "target", "body", "idle_timeout", "head_timeout", "send_timeout",
+                 "pipeline", "connections", "grace")
+
+    def __init__(self, head: int = 8192, target: int = 4096, body: int = 1 << 20,
+                 idle_timeout: float = 15.0, head_timeout: float = 10.0,
+                 send_timeout: float = 60.0, pipeline: int = 32,
+                 connections: int = 10000, grace: float = 8.0) -> None:
+        self.head = head                  # request head bytes before 431
+        self.target = target              # request-target bytes before 414
+        self.body = body                  # request body bytes read and discarded before 413
+        self.idle_timeout = idle_timeout  # keep-alive connection with nothing to do
+        self.head_timeout = head_timeout  # a started head (or body) that stalls: slowloris
+        self.send_timeout = send_timeout  # a reader that takes nothing for this long
+        self.pipeline = pipeline          # responses produced per round before waiting for the writes
+        self.connections = connections    # open connections per worker; more get 503 and close
+        self.grace = grace                # on stop, how long in-flight responses may take
+
+
+_REASONS = {400: b"Bad Request", 403: b"Forbidden", 405: b"Method Not Allowed",
+            406: b"Not Acceptable", 408: b"Request Timeout", 411: b"Length Required",
+            413: b"Content Too Large", 414: b"URI Too Long",
+            431: b"Request Header Fields Too Large", 501: b"Not Implemented",
+            503: b"Service Unavailable", 505: b"HTTP Version Not Supported"}
+# After these the request stream cannot be trusted (or the client is gone): close.
+_FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
+
+
+def _error_response(status: int) -> tuple[bytes, bytes]:
+    body = b"%d %s\n" % (status, _REASONS[status])
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n" % (
+        status, _REASONS[status], len(body))
+    if status in (405, 501):
+        head += b"Allow: GET, HEAD\r\n"
+    if status == 503:
+        head += b"Retry-After: 1\r\n"
+    return head, body
+
+
+_ERRORS = {status: _error_response(status) for status in _REASONS}
+_END = re.compile(rb"\r?\n\r?\n")
+
+
+class App:
+    """One worker's view of the site: shared by all its connections."""
+
+    def __init__(self, site: Site, limits: Limits | None = None) -> None:
+        self.site = site
+        self.routes = site.routes
+        self.limits = limits or Limits()
+        self.open = 0
+        self._second = -1
+        self._tails = (b"", b"", b"")
+
+    def tails(self, now: float) -> tuple[bytes, bytes, bytes]:
+        """(keep-alive, close, HTTP/1.0 keep-alive) end-of-head lines with Date.
+
+        Formatted once per second: the rest of every head is a build-time
+        constant, so Date stays exact (RFC 9110 §6.6.1) at no per-request cost.
+        """
+        second = int(now)
+        if second != self._second:
+            date = b"Date: " + format_http_date(second) + b"\r\n"
+            self._tails = (date + b"\r\n", date + b"Connection: close\r\n\r\n",
+                           date + b"Connection: keep-alive\r\n\r\n")
+            self._second = second
+        return self._tails
+
+    def connect(self, now: float) -> "Connection":
+        conn = Connection(self, now)
+        if self.open > self.limits.connections:
+            conn._error(503, now)
+        return conn
+
+
+class Connection:
+    __slots__ = ("app", "buf", "out", "out_bytes", "since", "discard", "eof",
+                 "close_after", "should_close", "_closed")
+
+    def __init__(self, app: App, now: float) -> None:
+        app.open += 1
+        self.app = app
+        self.buf = b""
+        self.out: list = []
+        self.out_bytes = 0
+        self.since = now          # start of the current wait, for timeouts
+        self.discard = 0          # request body bytes still to skip
+        self.eof = False
+        self.close_after = False  # no more requests: close once ``out`` is written
+        self.should_close = False
+        self._closed = False
+
+    # -- the loop body's side of the contract ---------------------------------
+
+    @property
+    def outgoing(self) -> list:
+        return self.out
+
+    @property
+    def wants_read(self) -> bool:
+        return not self.out and not self.close_after and not self.should_close
+
+    def receive(self, data: bytes, now: float) -> None:
+        if not data:
+            self.eof = True
+        elif self.buf:
+            self.buf += data
+        else:
+            self.buf = data
+        self._process(now)
+
+    def sent(self, n: int, now: float) -> None:
+        self.since = now
+        if n >= self.out_bytes:
+            self.out.clear()
+            self.out_bytes = 0
+        else:
+            self.out_bytes -= n
+            out = self.out
+            while n:
+                size = len(out[0])
+                if n < size:
+                    out[0] = memoryview(out[0])[n:]
+                    break
+                n -= size
+                del out[0]
+        if not self.out:
+            if self.close_after:
+                self.should_close = True
+            else:
+                self._process(now)
+
+    def tick(self, now: float) -> None:
+        limits = self.app.limits
+        waited = now - self.since
+        if self.out:
+            if waited > limits.send_timeout:
+                self.should_close = True
+        elif self.buf or self.discard:
+            if waited > limits.head_timeout and not self.close_after:
+                self._error(408, now)
+        elif waited > limits.idle_timeout:
+            self.should_close = True
+
+    def shutdown(self, now: float) -> None:
+        """Graceful stop: finish what is being written, take no new requests."""
+        self.close_after = True
+        if not self.out:
+            self.should_close = True
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.app.open -= 1
+
+    # -- framing ---------------------------------------------------------------
+
+    def _queue(self, *bufs) -> None:
+        for b in bufs:
+            self.out.append(b)
+            self.out_bytes += len(b)
+
+    def _error(self, status: int, now: float, head_only: bool = False) -> None:
+        head, body = _ERRORS[status]
+        ka, close, ka10 = self.app.tails(now)
+        if status in _FATAL:
+            self.close_after = True
+            self.buf = b""
+            self._queue(head, close)
+        else:
+            self._queue(head, ka)
+        if not head_only:
+            self._queue(body)
+
+    def _process(self, now: float) -> None:
+        limits = self.app.limits
+        answered = 0
+        while not self.close_after and answered < limits.pipeline:
+            buf = self.buf
+            if self.discard:
+                skip = min(self.discard, len(buf))
+                self.discard -= skip
+                self.buf = buf = buf[skip:]
+                if self.discard:
+                    break
+            # RFC 9112 §2.2: ignore empty lines received before a request-line.
+            if buf[:1] in (b"\r", b"\n"):
+                self.buf = buf = buf.lstrip(b"\r\n")
+            if not buf:
+                break
+            end = buf.find(b"\r\n\r\n", 0, limits.head + 4)
+            head = buf[:end] if end >= 0 else buf[:limits.head + 4]
+            if end < 0 or b"\n\n" in head or b"\n\r\n" in head:
+                m = _END.search(buf, 0, limits.head + 4)
+                if m is None:
+                    if len(buf) > limits.head:
+                        self._error(414 if b"\n" not in buf[:limits.head] else 431, now)
+                    break
+                end, rest = m.start(), m.end()
+            else:
+                rest = end + 4
+            self.buf = buf[rest:]
+            self.since = now
+            answered += 1
+            try:
+                self._answer(parse_head(buf[:end], limits.target), now)
+            except HttpError as e:
+                self._error(e.status, now)
+        if self.eof and not self.close_after and answered < limits.pipeline:
+            self.close_after = True  # the peer sent all it will; what it asked for is queued
+        if self.close_after and not self.out:
+            self.should_close = True
+
+    def _answer(self, req, now: float) -> None:
+        fields = req.fields
+        te = fields.get(b"transfer-encoding")
+        cl = fields.get(b"content-length")
+        if te is not None:
+            # RFC 9112 §6.1/§6.3: TE with CL is a smuggling attempt; a chunked body we
+            # will not read (411 asks for a length); any other coding cannot be framed.
+            if cl is not None or req.minor == 0:
+                raise HttpError(400, "Transfer-Encoding with Content-Length")
+            if te.rpartition(b",")[2].strip().lower() == b"chunked":
+                raise HttpError(411)
+            raise HttpError(400, "unframeable Transfer-Encoding")
+        if cl is not None:
+            if not cl.isdigit() or len(cl) > 18:
+                raise HttpError(400, "malformed Content-Length")
+            length = int(cl)
+            if length > self.app.limits.body:
+                raise HttpError(413)
+            self.discard = length
+
+        connection = fields.get(b"connection")
+        tails = self.app.tails(now)
+        if req.minor >= 1:
+            if connection is not None and b"close" in connection.lower():
+                self.close_after = True
+                tail = tails[1]
+            else:
+                tail = tails[0]
+        elif connection is not None and b"keep-alive" in connection.lower():
+            tail = tails[2]
+        else:
+            self.close_after = True
+            tail = tails[1]
+
+        method = req.method
+        if method not in SAFE_METHODS:
+            raise_status = 405 if method in KNOWN_METHODS else 501
+            head, body = _ERRORS[raise_status]
+            self._queue(head, tail, body)
+            return
+        get = method == b"GET"
+
+        site = self.app.site
+        target = self.app.routes.get(req.path)
+        if target is None:
+            key = route_key(req.path)
+            if key is None:
+                raise HttpError(400, "malformed path")
+            target = self.app.routes.get(key)
+            if target is None:
+                target = site.fallback or site.not_found
+        if target.__class__ is Redirect:
+            q = b"?" + req.query if req.query is not None else b""
+            self._queue(target.location + q + target.tail, tail)
+            return
+
+        entry: Entry = target
+        mask = accept_encoding_mask(fields.get(b"accept-encoding"))
+        v = entry.choice[mask]
+        if v is None:
+            head, body = _ERRORS[406]
+            self._queue(head + b"Vary: Accept-Encoding\r\n", tail)
+            if get:
+                self._queue(body)
+            return
+        if entry.conditional:
+            inm = fields.get(b"if-none-match")
+            if inm is not None:
+                if none_match(inm, v.etag):
+                    self._queue(v.head_304, tail)
+                    return
+            else:
+                ims = fields.get(b"if-modified-since")
+                if ims:
+                    t = parse_http_date(ims)
+                    if t is not None and entry.last_modified <= t:
+                        self._queue(v.head_304, tail)
+                        return
+            rng = fields.get(b"range") if get else None
+            if rng and mask & IDENTITY and self._if_range(fields.get(b"if-range"), entry):
+                ident = entry.identity
+                r = byte_range(rng, ident.length)
+                if r is False:
+                    self._queue(entry.head_416, tail)
+                    return
+                if r is not None:
+                    first, last = r
+                    self._queue(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
+                                b"Content-Length: %d\r\n%s" % (first, last, ident.length,
+                                                                last - first + 1, ident.fields),
+                                tail, ident.body[first:last + 1])
+                    return
+        if get and v.length:
+            self._queue(v.head, tail, v.body)
+        else:
+            self._queue(v.head, tail)
+
+    @staticmethod
+    def _if_range(value: bytes | None, entry: Entry) -> bool:
+        """RFC 9110 §13.1.5: a strong ETag match or an exact Last-Modified match."""
+        if value is None:
+            return True
+        if value[:1] == b'"':
+            return value == entry.identity.etag
+        return parse_http_date(value) == entry.last_modified

@@ -1,0 +1,124 @@
+"""Parsing one HTTP/1.x request head (RFC 9112) into the few facts we need.
+
+Strategy: the connection finds where a head ends; ``parse_head`` checks the
+request line and every field line strictly and returns a ``Request`` with the
+handful of fields a static server acts on. Anything malformed raises
+``HttpError`` with the status the core answers before closing. Policy
+(RFC 9112 §2.2, §5): a bare LF ends a line (recipients MAY accept it); a bare
+CR, obs-fold, whitespace before the colon, NUL and other control bytes are 400.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class HttpError(Exception):
+    """A request the core refuses; ``status`` is the response it deserves."""
+
+    def __init__(self, status: int, reason: str = "") -> None:
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)[ \t]*")
+_VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
+_TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")
+_ABSOLUTE = re.compile(rb"[Hh][Tt][Tt][Pp][Ss]?://[^/?#]*")
+
+SAFE_METHODS = frozenset((b"GET", b"HEAD"))
+# Methods a static site knows but cannot perform: 405 with Allow (RFC 9110 §15.5.6).
+KNOWN_METHODS = frozenset((b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"CONNECT", b"TRACE"))
+
+# Fields the core reads; the rest are validated and dropped.
+_SINGLE = {b"host", b"content-length", b"if-modified-since", b"range", b"if-range"}
+_LIST = {b"connection", b"transfer-encoding", b"accept-encoding", b"if-none-match"}
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "minor", "fields")
+
+    def __init__(self, method: bytes, path: bytes, query: bytes | None, minor: int,
+                 fields: dict[bytes, bytes]) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.minor = minor
+        self.fields = fields
+
+
+def _lines(head: bytes) -> list[bytes]:
+    if head.count(b"\r\n") == head.count(b"\n") == head.count(b"\r"):
+        return head.split(b"\r\n")
+    lines = []
+    for line in head.split(b"\n"):
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if b"\r" in line:
+            raise HttpError(400, "bare CR")
+        lines.append(line)
+    return lines
+
+
+def parse_head(head: bytes, max_target: int) -> Request:
+    """Parse a complete head (without its final empty line)."""
+    lines = _lines(head)
+    parts = lines[0].split(b" ")
+    if len(parts) != 3:
+        if len(parts) == 2 and _TOKEN.fullmatch(parts[0]):
+            raise HttpError(400, "HTTP/0.9 request or missing version")
+        raise HttpError(400, "malformed request line")
+    method, target, version = parts
+    v = _VERSION.fullmatch(version)
+    if v is None:
+        raise HttpError(400, "malformed HTTP version")
+    if v.group(1) != b"1":
+        raise HttpError(505)
+    if not _TOKEN.fullmatch(method):
+        raise HttpError(400, "malformed method")
+    if len(target) > max_target:
+        raise HttpError(414)
+    if not target or _TARGET_BAD.search(target):
+        raise HttpError(400, "malformed target")
+
+    fields: dict[bytes, bytes] = {}
+    for line in lines[1:]:
+        m = _FIELD.fullmatch(line)
+        if m is None:
+            # obs-fold (a line starting with SP/HT), space before the colon, control bytes.
+            raise HttpError(400, "malformed field line")
+        name = m.group(1).lower()
+        if name in _SINGLE:
+            old = fields.get(name)
+            if old is None:
+                fields[name] = m.group(2)
+            elif name == b"content-length" and old == m.group(2):
+                pass  # identical repeats are one value (RFC 9110 §8.6)
+            elif name in (b"host", b"content-length"):
+                raise HttpError(400, "duplicate " + name.decode())
+            else:
+                fields[name] = b""  # a repeated singleton field is invalid: treated as absent below
+        elif name in _LIST:
+            old = fields.get(name)
+            fields[name] = m.group(2) if old is None else old + b", " + m.group(2)
+
+    minor = int(v.group(2))
+    if minor >= 1 and b"host" not in fields:
+        raise HttpError(400, "missing Host")  # RFC 9112 §3.2
+
+    if target[0] != 47:  # not origin-form
+        a = _ABSOLUTE.match(target)
+        if a is not None:
+            target = target[a.end():] or b"/"
+            if target[0] != 47:
+                target = b"/" + target
+        elif method in SAFE_METHODS:
+            # authority-form is for CONNECT and asterisk-form for OPTIONS, both 405 below.
+            raise HttpError(400, "malformed target")
+        else:
+            target = b"/"
+    path, sep, query = target.partition(b"?")
+    path = path.partition(b"#")[0]
+    return Request(method, path, query if sep else None, minor, fields)

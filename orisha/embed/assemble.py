@@ -1,0 +1,123 @@
+"""Turning files into complete responses and a route table.
+
+Strategy: for every document, each kept variant gets its header block
+formatted here, once: Content-Type, ETag (strong, one per coding), Last-Modified,
+Cache-Control, Vary, Content-Encoding, Accept-Ranges; plus the 304 block
+(RFC 9110 §15.4.5: ETag, Cache-Control, Vary — Date is added at run time).
+Routes are decided here too, so the server only looks keys up.
+
+Cache-Control policy (first match wins):
+  1. ``--cache-control GLOB=VALUE`` overrides, matched against the path in the site;
+  2. HTML: ``no-cache`` (always revalidate: pages change under stable names);
+  3. names carrying a content hash (``app.3f2a1b9c.js``, ``index-B7xQ2aKp.css``):
+     ``public, max-age=31536000, immutable``;
+  4. everything else: ``public, max-age=3600`` (an hour fresh, then a cheap 304).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from ..core.dates import format_http_date
+from .mime import compressible, content_type
+
+HASHED = re.compile(
+    r"[.\-_](?:(?=[0-9a-f]*[0-9])[0-9a-f]{8,}"
+    r"|(?=[0-9A-Za-z]*[0-9])(?=[0-9A-Za-z]*[a-z])(?=[0-9A-Za-z]*[A-Z])[0-9A-Za-z]{8,})\.[A-Za-z0-9]+$")
+IMMUTABLE = "public, max-age=31536000, immutable"
+DEFAULT_CACHE = "public, max-age=3600"
+_ETAG_SUFFIX = {"identity": "", "gzip": "-gz", "br": "-br", "zstd": "-zst"}
+
+
+def cache_control(rel: str, ctype: str, overrides: list[tuple[str, str]]) -> str:
+    for pattern, value in overrides:
+        if fnmatch.fnmatchcase(rel, pattern):
+            return value
+    if ctype.startswith("text/html"):
+        return "no-cache"
+    if HASHED.search(rel.rpartition("/")[2]):
+        return IMMUTABLE
+    return DEFAULT_CACHE
+
+
+@dataclass
+class VariantOut:
+    coding: str
+    etag: str
+    fields: bytes
+    fields_304: bytes
+    body: bytes
+
+
+@dataclass
+class Document:
+    rel: str
+    mtime: int
+    variants: list[VariantOut] = field(default_factory=list)
+    status: str = "200 OK"
+    conditional: bool = True
+
+
+def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None,
+             overrides: list[tuple[str, str]], status: str = "200 OK") -> Document:
+    ctype = content_type(rel)
+    kept = {"identity": data}
+    if encoded and compressible(ctype):
+        for coding, body in encoded.items():
+            if len(body) < len(data):  # kept only when it saves bytes
+                kept[coding] = body
+    tag = hashlib.blake2b(data, digest_size=10).hexdigest()
+    if status == "200 OK":
+        cc = cache_control(rel, ctype, overrides)
+    else:
+        cc = "no-cache"
+    vary = "Vary: Accept-Encoding\r\n" if len(kept) > 1 else ""
+    lm = format_http_date(mtime).decode()
+    doc = Document(rel, mtime, status=status, conditional=status == "200 OK")
+    for coding in ("identity", "gzip", "br", "zstd"):
+        if coding not in kept:
+            continue
+        etag = f'"{tag}{_ETAG_SUFFIX[coding]}"'
+        ce = "" if coding == "identity" else f"Content-Encoding: {coding}\r\n"
+        fields = (f"Content-Type: {ctype}\r\nETag: {etag}\r\nLast-Modified: {lm}\r\n"
+                  f"Cache-Control: {cc}\r\n{vary}{ce}Accept-Ranges: bytes\r\n")
+        fields_304 = f"ETag: {etag}\r\nCache-Control: {cc}\r\n{vary}"
+        doc.variants.append(VariantOut(coding, etag, fields.encode("utf-8", "surrogateescape"),
+                                       fields_304.encode(), kept[coding]))
+    return doc
+
+
+BUILTIN_404 = (b"<!doctype html>\n<meta charset=utf-8>\n<title>404 Not Found</title>\n"
+               b"<h1>404 Not Found</h1>\n<p>The requested page does not exist.</p>\n")
+
+
+def url_key(rel: str) -> bytes:
+    return b"/" + rel.encode("utf-8", "surrogateescape")
+
+
+def routes(rels: list[str]) -> dict[bytes, tuple[str, str]]:
+    """Map each request path to ('doc', rel) or ('redirect', location).
+
+    ``/a/b.css`` → the file; ``/dir/`` → ``dir/index.html``; ``/dir`` → 301 to
+    ``/dir/``; ``/page`` → ``page.html`` when no file or directory claims it.
+    Keys are decoded bytes (the core percent-decodes before looking up).
+    """
+    table: dict[bytes, tuple[str, str]] = {}
+    for rel in rels:
+        table[url_key(rel)] = ("doc", rel)
+    for rel in rels:
+        head, _, name = rel.rpartition("/")
+        if name == "index.html":
+            d = url_key(head + "/") if head else b"/"
+            table.setdefault(d, ("doc", rel))
+            if head:
+                loc = quote("/" + head + "/", safe="/!$&'()*+,;=:@-._~", errors="surrogateescape")
+                table.setdefault(url_key(head), ("redirect", loc))
+    for rel in rels:
+        if rel.endswith(".html") and len(rel) > 5:
+            table.setdefault(url_key(rel[:-5]), ("doc", rel))
+    return table

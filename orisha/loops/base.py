@@ -1,0 +1,42 @@
+"""The seam between the request core and the loop bodies.
+
+A loop body waits for readiness or completions and moves bytes between
+sockets and ``orisha.core.connection.Connection`` objects. It holds no HTTP
+logic: framing, keep-alive, pipelining, timeouts, negotiation and routing are
+the core's. For each accepted socket it follows this contract:
+
+  conn = app.connect(now)        on accept (then write ``conn.outgoing`` if any: a
+                                 worker over its connection limit answers 503 at once)
+  conn.receive(data, now)        after each read; ``b""`` when the peer shut its side
+  conn.outgoing                  the buffers to write next, in order (a list; may be empty);
+                                 the core keeps them alive until ``sent`` reports them
+  conn.sent(n, now)              after writing n bytes of ``outgoing``
+  conn.wants_read                read only while True (False while output is pending: backpressure)
+  conn.should_close              close the socket as soon as this is True
+  conn.tick(now)                 about once a second for every connection (timeouts)
+  conn.shutdown(now)             graceful stop: idle connections close, busy ones finish
+  conn.close()                   exactly once, when the loop has closed the socket
+
+``now`` is ``time.time()``. Errors on a socket (ECONNRESET, EPIPE…) end that
+connection only: the loop closes it and calls ``conn.close()``.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Callable, Protocol
+
+from ..core.connection import App
+
+
+class LoopBody(Protocol):
+    name: str
+    """Short name used by ``--loop`` and in logs."""
+
+    def __init__(self, listener: socket.socket, app: App) -> None:
+        """Take a bound, listening, non-blocking socket; do not accept yet."""
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Serve until ``stopping()`` is True (checked at least once a second),
+        then stop accepting, ``shutdown`` every connection, let in-flight
+        responses finish (at most ``app.limits.grace`` seconds) and return."""
