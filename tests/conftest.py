@@ -1,0 +1,106 @@
+"""Fixtures: builds of the demo site and servers started per loop body.
+
+Every server the suite talks to is a real process on a real loopback socket:
+`orisha serve` per loop, and (when their issues land) the container and the
+booted unikernel image. ``TARGETS`` lists them; test ids carry the name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(ROOT, "sites", "demo")
+sys.path.insert(0, os.path.dirname(__file__))
+
+LOOPS = ["epoll"]
+
+
+def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orisha.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=kw.pop("timeout", 600), **kw)
+
+
+class Server:
+    """`orisha serve` in a subprocess; the port is read from its start-up line."""
+
+    def __init__(self, build: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orisha.cli", "serve", build, "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        line = self.proc.stdout.readline()
+        m = re.search(r"http://([\d.]+):(\d+)/", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
+        self.line = line
+        self.port = int(m.group(2))
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory):
+    base = tmp_path_factory.mktemp("builds")
+    out = {}
+    for name, opts in (("notfound", ["--not-found", "404.html"]), ("spa", ["--fallback", "200.html"])):
+        dest = str(base / name)
+        r = orisha("build", DEMO, "-o", dest, *opts)
+        assert r.returncode == 0, r.stderr
+        out[name] = dest
+    return out
+
+
+_servers: dict = {}
+
+
+def _server(builds, loop: str, mode: str) -> Server:
+    key = (loop, mode)
+    if key not in _servers:
+        _servers[key] = Server(builds[mode], "--loop", loop, "--workers", "2",
+                               "--idle-timeout", "3", "--head-timeout", "2")
+    return _servers[key]
+
+
+@pytest.fixture(scope="session", params=LOOPS)
+def loop(request):
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def port(builds, loop):
+    """Port of a server for the demo site with --not-found 404.html."""
+    return _server(builds, loop, "notfound").port
+
+
+@pytest.fixture(scope="session")
+def spa_port(builds, loop):
+    """Port of a server for the demo site in SPA mode (--fallback 200.html)."""
+    return _server(builds, loop, "spa").port
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for s in _servers.values():
+        try:
+            s.stop()
+        except Exception:  # teardown must try every server even if one misbehaves
+            s.proc.kill()
+
+
+def demo_file(rel: str) -> bytes:
+    with open(os.path.join(DEMO, rel), "rb") as f:
+        return f.read()
