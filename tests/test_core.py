@@ -1,0 +1,192 @@
+"""The sans-I/O core on its own: no sockets, no clock, bytes in and bytes out.
+
+Parser cases are fed whole, one byte at a time, and followed by trailing
+junk; a Hypothesis property checks that any bytes yield well-formed responses
+(or a close) and never an exception or a stall.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from httpraw import split_responses
+
+from orisha.core.connection import App, Limits
+from orisha.server import load_site
+
+NOW = 1_764_470_000.0
+
+
+@pytest.fixture(scope="module")
+def app(builds):
+    return App(load_site(builds["notfound"]), Limits())
+
+
+def run(app, chunks, now=NOW, eof=True):
+    """Feed chunks like a loop body would; return everything written and whether it closed."""
+    conn = app.connect(now)
+    out = b""
+
+    def drain():
+        nonlocal out
+        while conn.outgoing:
+            data = b"".join(bytes(b) for b in conn.outgoing)
+            out += data
+            conn.sent(len(data), now)
+
+    for chunk in chunks:
+        if conn.should_close:
+            break
+        assert chunk
+        conn.receive(chunk, now)
+        drain()
+    if eof and not conn.should_close:
+        conn.receive(b"", now)
+        drain()
+    closed = conn.should_close
+    conn.close()
+    return out, closed
+
+
+def test_core_imports_no_io():
+    """The core never imports socket, select, time, asyncio or a loop library."""
+    banned = {"socket", "select", "selectors", "time", "asyncio", "uvloop", "liburing", "ssl",
+              "threading", "mmap", "os"}
+    core = os.path.join(ROOT, "orisha", "core")
+    for name in os.listdir(core):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(core, name)).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""] if node.level == 0 else []
+            else:
+                continue
+            for m in mods:
+                assert m.split(".")[0] not in banned, f"orisha/core/{name} imports {m}"
+    # and at run time: importing the core loads none of them
+    code = ("import sys; before = set(sys.modules); import orisha.core.connection; "
+            "print(sorted(set(sys.modules) - before))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    new = eval(loaded.stdout)
+    assert not [m for m in new if m.split(".")[0] in banned], new
+
+
+CASES = [
+    (b"GET /css/site.css HTTP/1.1\r\nHost: x\r\n\r\n", [200]),
+    (b"GET /css/site.css HTTP/1.1\nHost: x\n\n", [200]),
+    (b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", [200]),
+    (b"GET /docs HTTP/1.1\r\nHost: x\r\n\r\n", [301]),
+    (b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", [404]),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", [405]),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", [400]),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", [400]),
+    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", [505]),
+    (b"BREW / HTTP/1.1\r\nHost: x\r\n\r\n", [501]),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n", [400]),
+    (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 3000 + b"\r\n", [431]),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", [414]),
+]
+
+
+def statuses(out):
+    return [s for s, _, _ in split_responses(out)]
+
+
+@pytest.mark.parametrize("data,expect", CASES, ids=range(len(CASES)))
+def test_whole_bytewise_and_with_junk(app, data, expect):
+    whole, _ = run(app, [data])
+    if data.startswith(b"HEAD"):
+        assert whole.startswith(b"HTTP/1.1 200 OK\r\n") and whole.endswith(b"\r\n\r\n")
+        return
+    assert statuses(whole) == expect
+    bytewise, _ = run(app, [bytes([b]) for b in data])
+    assert bytewise == whole
+    # trailing junk after a complete request: the request is still answered, the junk
+    # becomes a 400 (or is dropped after a fatal error), and the connection closes
+    junk, closed = run(app, [data + b"\x00\x01garbage\r\n\r\n"])
+    got = statuses(junk)
+    assert got[0] == expect[0] and closed
+    assert got[1:] in ([], [400])
+
+
+def test_responses_are_not_formatted_per_request(app):
+    """The 200 head is the build's constant, object for object: nothing formatted on the way."""
+    conn = app.connect(NOW)
+    conn.receive(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\n\r\n", NOW)
+    head, tail, body = conn.outgoing
+    variant = app.routes[b"/css/site.css"].identity
+    assert head is variant.head and isinstance(body, memoryview)
+    assert tail.startswith(b"Date: ") and tail.endswith(b"\r\n\r\n")
+
+
+def test_backpressure_bounds_pipelined_answers(app):
+    conn = app.connect(NOW)
+    conn.receive(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 100, NOW)
+    assert not conn.wants_read
+    assert len(conn.outgoing) == 3 * app.limits.pipeline  # the rest waits for the writes
+    answered = 0
+    while conn.outgoing:
+        answered += len(conn.outgoing) // 3
+        conn.sent(sum(len(b) for b in conn.outgoing), NOW)
+    assert answered == 100 and conn.wants_read
+
+
+def test_timeouts(app):
+    lim = app.limits
+    conn = app.connect(NOW)
+    conn.tick(NOW + lim.idle_timeout - 1)
+    assert not conn.should_close
+    conn.tick(NOW + lim.idle_timeout + 1)
+    assert conn.should_close
+    conn = app.connect(NOW)
+    conn.receive(b"GET / HTTP/1.1\r\n", NOW)
+    conn.tick(NOW + lim.head_timeout + 1)
+    assert bytes(conn.outgoing[0]).startswith(b"HTTP/1.1 408 ")
+    conn = app.connect(NOW)
+    conn.receive(b"GET /files/big.txt HTTP/1.1\r\nHost: x\r\n\r\n", NOW)
+    conn.sent(100, NOW + 5)
+    conn.tick(NOW + 5 + lim.send_timeout - 1)
+    assert not conn.should_close
+    conn.tick(NOW + 5 + lim.send_timeout + 1)
+    assert conn.should_close
+
+
+def test_connection_limit_answers_503(builds):
+    app = App(load_site(builds["notfound"]), Limits(connections=2))
+    conns = [app.connect(NOW) for _ in range(3)]
+    assert not conns[0].outgoing and not conns[1].outgoing
+    assert bytes(conns[2].outgoing[0]).startswith(b"HTTP/1.1 503 ")
+    conns[2].close()  # the loop closes it after the 503
+    conns[0].close()
+    assert not app.connect(NOW).outgoing
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.binary(min_size=1, max_size=300),
+                          st.sampled_from([b"GET / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n", b"\n",
+                                           b"Content-Length: 3\r\n", b"HEAD /css/site.css HTTP/1.0\r\n",
+                                           b"Range: bytes=0-5\r\n", b"Transfer-Encoding: chunked\r\n"])),
+                min_size=1, max_size=20))
+def test_any_bytes_give_responses_or_a_close(app, chunks):
+    out, closed = run(app, chunks)
+    assert closed  # after EOF the core always ends the connection: never a hang
+    # whatever came out is a sequence of well-formed responses (HEAD answers carry no body)
+    while out:
+        head, sep, out = out.partition(b"\r\n\r\n")
+        assert sep and head.startswith(b"HTTP/1.1 ")
+        status = int(head[9:12])
+        assert status in (200, 206, 301, 304, 400, 404, 405, 406, 408, 411, 413, 414, 416, 431, 501, 505)
+        n = 0 if status == 304 else int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        if out.startswith(b"HTTP/1.1 "):
+            n = 0  # a HEAD response (no demo body starts like a status line): the next follows
+        out = out[n:]
