@@ -73,7 +73,7 @@ def write(out: str, docs: list[Document], table: dict[bytes, tuple[str, str]],
     module = os.path.join(out, "site.py")
     with open(module, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
-    py_compile.compile(module, doraise=True,
+    py_compile.compile(module, dfile="site.py", doraise=True,  # no temp path inside the .pyc
                        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     manifest = {"format": FORMAT, "generator": "orisha", "loop": loop, "blob_bytes": size,
                 "summary": summary, **stats}
