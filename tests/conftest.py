@@ -22,6 +22,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 LOOPS = ["epoll"]
 
+# One compression cache for the whole run (builds of the same bytes reuse it), never the user's.
+os.environ.setdefault("ORISHA_CACHE", os.path.join(ROOT, ".pytest_cache", "orisha"))
+
 
 def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orisha.cli", *args], capture_output=True,

@@ -26,7 +26,7 @@ class Response:
         return self.headers.get(name.lower())
 
 
-class Closed(Exception):
+class Closed(ConnectionError):
     pass
 
 
