@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "sites", "demo")
 sys.path.insert(0, os.path.dirname(__file__))
 
-LOOPS = ["epoll"]
+LOOPS = ["epoll", "kqueue", "asyncio"]
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # One compression cache for the whole run (builds of the same bytes reuse it), never the user's.
 os.environ.setdefault("ORISHA_CACHE", os.path.join(ROOT, ".pytest_cache", "orisha"))
@@ -31,12 +32,23 @@ def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
                           text=True, cwd=ROOT, timeout=kw.pop("timeout", 600), **kw)
 
 
+def orisha_cmd(args=()) -> list[str]:
+    """The command that runs the CLI; with ``--loop kqueue`` on a platform without kqueue,
+    the kqueue test double (tests/kqueue_double.py) is installed first."""
+    import select
+    if "kqueue" in args and not hasattr(select, "kqueue"):
+        code = (f"import sys; sys.path.insert(0, {TESTS!r}); import kqueue_double; "
+                "kqueue_double.install(); from orisha.cli import main; main()")
+        return [sys.executable, "-c", code]
+    return [sys.executable, "-m", "orisha.cli"]
+
+
 class Server:
     """`orisha serve` in a subprocess; the port is read from its start-up line."""
 
     def __init__(self, build: str, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orisha.cli", "serve", build, "--port", "0", *args],
+            [*orisha_cmd(args), "serve", build, "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         line = self.proc.stdout.readline()
         m = re.search(r"http://([\d.]+):(\d+)/", line)

@@ -12,6 +12,8 @@ import importlib
 # name → module; "auto" is resolved by orisha.server.resolve_loop.
 MODULES = {
     "epoll": "orisha.loops.epoll",
+    "kqueue": "orisha.loops.kqueue",
+    "asyncio": "orisha.loops.asyncio",
 }
 
 

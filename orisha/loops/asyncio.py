@@ -1,0 +1,120 @@
+"""Loop body on asyncio Protocols, run by uvloop (the stdlib loop when uvloop is missing).
+
+Strategy: the event loop does the waiting; a Protocol per connection hands
+what it reads to the core and writes what the core returns. Backpressure in
+both directions uses the transport's own switches: reading is paused while the
+core wants no input, and writing stops at the transport's high-water mark
+(``pause_writing``), with large bodies fed in slices so a slow reader never
+makes the transport copy more than one slice beyond that mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+try:
+    import uvloop
+except ImportError:  # documented fallback: the stdlib loop, same behaviour, slower
+    uvloop = None
+
+from ..core.connection import App
+
+_SLICE = 256 * 1024
+
+
+class _Protocol(asyncio.Protocol):
+    __slots__ = ("body", "conn", "t", "paused", "reading")
+
+    def __init__(self, body: "Loop") -> None:
+        self.body = body
+        self.paused = False
+        self.reading = True
+
+    def connection_made(self, transport) -> None:
+        self.t = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn = self.body.app.connect(time.time())
+        self.body.protocols.add(self)
+        self.flush(time.time())
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        self.conn.receive(data, now)
+        self.flush(now)
+
+    def eof_received(self) -> bool:
+        now = time.time()
+        self.conn.receive(b"", now)
+        self.flush(now)
+        return True  # keep the transport open: answers to a half-closed client still go out
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.flush(time.time())
+
+    def connection_lost(self, exc) -> None:
+        self.body.protocols.discard(self)
+        self.conn.close()
+
+    def flush(self, now: float) -> None:
+        conn, t = self.conn, self.t
+        if t.is_closing():
+            return
+        while not self.paused:
+            out = conn.outgoing
+            if not out:
+                break
+            size = sum(len(b) for b in out)
+            if size <= _SLICE:
+                t.writelines(out)
+            else:
+                first = out[0]
+                size = min(len(first), _SLICE)
+                t.write(first if size == len(first) else memoryview(first)[:size])
+            conn.sent(size, now)
+        if conn.should_close:
+            t.close()
+            return
+        want = conn.wants_read
+        if want != self.reading:
+            self.reading = want
+            (t.resume_reading if want else t.pause_reading)()
+
+
+class Loop:
+    name = "asyncio"
+
+    def __init__(self, listener: socket.socket, app: App) -> None:
+        self.listener = listener
+        self.app = app
+        self.protocols: set[_Protocol] = set()
+
+    def run(self, stopping) -> None:
+        if uvloop is not None:
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        asyncio.run(self._serve(stopping))
+
+    async def _serve(self, stopping) -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _Protocol(self), sock=self.listener, backlog=4096)
+        while not stopping():
+            await asyncio.sleep(1)
+            now = time.time()
+            for p in list(self.protocols):
+                p.conn.tick(now)
+                p.flush(now)
+        server.close()
+        now = time.time()
+        deadline = now + self.app.limits.grace
+        for p in list(self.protocols):
+            p.conn.shutdown(now)
+            p.flush(now)
+        while self.protocols and time.time() < deadline:
+            await asyncio.sleep(0.05)
+        for p in list(self.protocols):
+            p.t.abort()

@@ -1,0 +1,144 @@
+"""What every readiness-based loop body shares (epoll, kqueue).
+
+Strategy: a readiness loop waits until sockets are readable or writable, then
+moves bytes. This class does the moving — accept, recv, one ``sendmsg`` per
+flush, close, the once-a-second tick and the graceful stop — and leaves the
+waiting to a subclass, which implements three methods in the manner of
+CPython's ``selectors.BaseSelector``:
+
+  _watch(fd, want)      start or change watching fd; want is READ, WRITE or 0
+  _forget(fd)           stop watching fd (before it is closed)
+  _wait(timeout)        → [(fd, readable, writable)] ready within timeout seconds
+
+A connection is watched for reading while the core wants input and for
+writing while output is pending, never both: that is the backpressure.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+
+from ..core.connection import App
+
+READ, WRITE = 1, 2
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class ReadinessLoop:
+    name = "readiness"
+
+    def __init__(self, listener: socket.socket, app: App) -> None:
+        self.listener = listener
+        self.lfd = listener.fileno()
+        self.app = app
+        self.conns: dict[int, list] = {}  # fd → [socket, connection, watched]
+
+    # -- implemented by each platform -------------------------------------------
+    def _watch(self, fd: int, want: int) -> None:
+        raise NotImplementedError
+
+    def _forget(self, fd: int) -> None:
+        raise NotImplementedError
+
+    def _wait(self, timeout: float) -> list[tuple[int, bool, bool]]:
+        raise NotImplementedError
+
+    def _done(self) -> None:
+        """Release the platform's resources."""
+
+    # -- shared ----------------------------------------------------------------
+    def run(self, stopping) -> None:
+        conns, lfd = self.conns, self.lfd
+        self._watch(lfd, READ)
+        accepting, paused, deadline = True, False, None
+        next_tick = time.time() + 1
+        while conns or accepting:
+            ready = self._wait(1.0)
+            now = time.time()
+            for fd, readable, writable in ready:
+                if fd == lfd:
+                    if accepting and not paused and not self._accept(now):
+                        paused = True  # out of descriptors: leave the backlog until the next tick
+                        self._forget(lfd)
+                    continue
+                c = conns.get(fd)
+                if c is None:
+                    continue
+                if readable and c[1].wants_read:
+                    try:
+                        data = c[0].recv(65536)
+                    except BlockingIOError:  # spurious readiness
+                        continue
+                    except OSError:  # ECONNRESET and friends end this connection only
+                        self._close(fd)
+                        continue
+                    c[1].receive(data, now)
+                self._flush(fd, c, now)
+            if now >= next_tick:
+                next_tick = now + 1
+                if paused and accepting:
+                    self._watch(lfd, READ)
+                    paused = False
+                for fd, c in list(conns.items()):
+                    c[1].tick(now)
+                    self._flush(fd, c, now)
+            if accepting and stopping():
+                accepting = False
+                if not paused:
+                    self._forget(lfd)
+                self.listener.close()
+                deadline = now + self.app.limits.grace
+                for fd, c in list(conns.items()):
+                    c[1].shutdown(now)
+                    self._flush(fd, c, now)
+            if deadline is not None and now > deadline:
+                for fd in list(conns):
+                    self._close(fd)
+        self._done()
+
+    def _accept(self, now: float) -> bool:
+        """Accept all pending connections; False when out of descriptors or memory."""
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:  # backlog drained
+                return True
+            except OSError as e:
+                if e.errno in _EXHAUSTED:
+                    return False
+                if e.errno == errno.ECONNABORTED:  # the client gave up while queued
+                    continue
+                raise
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            fd = sock.fileno()
+            c = self.conns[fd] = [sock, self.app.connect(now), READ]
+            self._watch(fd, READ)
+            self._flush(fd, c, now)
+
+    def _flush(self, fd: int, c: list, now: float) -> None:
+        sock, conn = c[0], c[1]
+        while conn.outgoing:
+            try:
+                n = sock.sendmsg(conn.outgoing)
+            except BlockingIOError:  # socket buffer full: wait until writable
+                break
+            except OSError:  # EPIPE/ECONNRESET: the peer is gone
+                self._close(fd)
+                return
+            conn.sent(n, now)
+        if conn.should_close:
+            self._close(fd)
+            return
+        want = WRITE if conn.outgoing else (READ if conn.wants_read else 0)
+        if want != c[2]:
+            self._watch(fd, want)
+            c[2] = want
+
+    def _close(self, fd: int) -> None:
+        sock, conn, _ = self.conns.pop(fd)
+        self._forget(fd)
+        sock.close()
+        conn.close()
