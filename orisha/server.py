@@ -52,13 +52,6 @@ def load_site(build_dir: str):
     return module.SITE
 
 
-def resolve_loop(name: str) -> str:
-    """``auto`` → the best loop body this platform has."""
-    if name != "auto":
-        return name
-    return "epoll"
-
-
 def listeners(host: str, port: int, count: int) -> list[socket.socket]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -116,7 +109,9 @@ def _spawn(i: int, socks, site, loop_cls, limits) -> int:
 def run(build_dir: str, host: str = "127.0.0.1", port: int = 8080, workers: int | None = None,
         loop: str | None = None, limits: Limits | None = None, announce=print) -> int:
     site = load_site(build_dir)
-    name = resolve_loop(loop or site.loop)
+    name, note = loops.resolve(loop or site.loop)
+    if note:
+        print(f"orisha: {note}", file=sys.stderr)
     try:
         loop_cls = loops.load(name)
     except loops.LoopUnavailable as e:

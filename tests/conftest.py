@@ -32,14 +32,15 @@ def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
                           text=True, cwd=ROOT, timeout=kw.pop("timeout", 600), **kw)
 
 
-def orisha_cmd(args=()) -> list[str]:
+def orisha_cmd(args=(), prelude: str = "") -> list[str]:
     """The command that runs the CLI; with ``--loop kqueue`` on a platform without kqueue,
     the kqueue test double (tests/kqueue_double.py) is installed first."""
     import select
     if "kqueue" in args and not hasattr(select, "kqueue"):
-        code = (f"import sys; sys.path.insert(0, {TESTS!r}); import kqueue_double; "
-                "kqueue_double.install(); from orisha.cli import main; main()")
-        return [sys.executable, "-c", code]
+        prelude += (f"import sys; sys.path.insert(0, {TESTS!r}); import kqueue_double; "
+                    "kqueue_double.install(); ")
+    if prelude:
+        return [sys.executable, "-c", prelude + "from orisha.cli import main; main()"]
     return [sys.executable, "-m", "orisha.cli"]
 
 

@@ -1,0 +1,64 @@
+"""The seam: the loop is chosen once, and only the chosen loop is ever loaded."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import DEMO, LOOPS, ROOT, orisha, orisha_cmd
+from httpraw import Conn
+
+ALL = {"epoll": {"orisha.loops.epoll"}, "kqueue": {"orisha.loops.kqueue"},
+       "asyncio": {"orisha.loops.asyncio", "uvloop", "asyncio"},
+       "io-uring": {"orisha.loops.io_uring", "liburing"}}
+
+
+def imported_modules(args: list[str], tmp_path, double: bool = False) -> tuple[set[str], str]:
+    """Run a server, make one request, stop it; return the modules it had loaded.
+
+    The server's parent process (which imports the loop before forking the
+    workers) writes ``sys.modules`` to a file when it exits.
+    """
+    dump = tmp_path / "modules.json"
+    prelude = (f"import atexit, json, sys; atexit.register(lambda: open({str(dump)!r}, 'w')"
+               ".write(json.dumps(sorted(sys.modules)))); ")
+    p = subprocess.Popen([*orisha_cmd(["kqueue"] if double else [], prelude), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    line = p.stdout.readline()
+    m = re.search(r":(\d+)/", line)
+    assert m, p.stderr.read()
+    assert Conn(int(m.group(1))).request("/").status == 200
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    return set(json.loads(dump.read_text())), line
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_build_records_the_loop_and_only_it_is_loaded(tmp_path, loop):
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out, "--loop", loop).returncode == 0
+    mods, line = imported_modules(["serve", out, "--port", "0", "--workers", "1"], tmp_path,
+                                  double=loop == "kqueue")
+    assert f"(loop {loop}," in line
+    assert ALL[loop] & mods, f"{loop} was not imported"
+    for other, names in ALL.items():
+        if other != loop:
+            assert not (names - ALL[loop]) & mods, f"{other} was imported for {loop}"
+
+
+def test_serve_loop_overrides_the_build(tmp_path):
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out, "--loop", "epoll").returncode == 0
+    mods, line = imported_modules(["serve", out, "--port", "0", "--workers", "1", "--loop", "asyncio"],
+                                  tmp_path)
+    assert "(loop asyncio," in line and "orisha.loops.asyncio" in mods and "orisha.loops.epoll" not in mods
+
+
+def test_unknown_loop_is_a_one_line_error(tmp_path):
+    r = orisha("build", DEMO, "-o", str(tmp_path / "o"), "--loop", "select")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
