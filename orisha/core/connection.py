@@ -71,6 +71,8 @@ def _error_response(status: int) -> tuple[bytes, bytes]:
 
 _ERRORS = {status: _error_response(status) for status in _REASONS}
 _END = re.compile(rb"\r?\n\r?\n")
+_PLANS_MAX = 4096       # memoised request heads per worker
+_PLAN_HEAD_MAX = 1024   # longer heads are planned every time (at most ~4 MiB memoised)
 
 
 class App:
@@ -81,6 +83,9 @@ class App:
         self.routes = site.routes
         self.limits = limits or Limits()
         self.open = 0
+        # Plans memoised by the exact head bytes: clients repeat the same heads, and a
+        # plan depends on nothing else. Bounded in entries and in head size.
+        self.plans: dict[bytes, tuple] = {}
         self._second = -1
         self._tails = (b"", b"", b"")
 
@@ -97,6 +102,14 @@ class App:
                            date + b"Connection: keep-alive\r\n\r\n")
             self._second = second
         return self._tails
+
+    def plan(self, head: bytes) -> tuple:
+        plan = answer(self.site, self.routes, self.limits, head)
+        if len(head) <= _PLAN_HEAD_MAX:
+            if len(self.plans) >= _PLANS_MAX:
+                self.plans.clear()
+            self.plans[head] = plan
+        return plan
 
     def connect(self, now: float) -> "Connection":
         conn = Connection(self, now)
@@ -192,20 +205,30 @@ class Connection:
             self.out.append(b)
             self.out_bytes += len(b)
 
-    def _error(self, status: int, now: float, head_only: bool = False) -> None:
-        head, body = _ERRORS[status]
-        ka, close, ka10 = self.app.tails(now)
-        if status in _FATAL:
+    def _error(self, status: int, now: float) -> None:
+        self._emit(_error_plan(status, True), self.app.tails(now))
+
+    def _emit(self, plan: tuple, tails: tuple) -> None:
+        head, kind, body, close, discard = plan
+        out = self.out
+        tail = tails[kind]
+        out.append(head)
+        out.append(tail)
+        self.out_bytes += len(head) + len(tail)
+        if body:
+            out.append(body)
+            self.out_bytes += len(body)
+        if close:
             self.close_after = True
-            self.buf = b""
-            self._queue(head, close)
-        else:
-            self._queue(head, ka)
-        if not head_only:
-            self._queue(body)
+            if close is _FATAL_CLOSE:
+                self.buf = b""  # the rest of the stream cannot be framed: drop it
+        self.discard = discard
 
     def _process(self, now: float) -> None:
-        limits = self.app.limits
+        app = self.app
+        limits = app.limits
+        plans = app.plans
+        tails = app.tails(now)
         answered = 0
         while not self.close_after and answered < limits.pipeline:
             buf = self.buf
@@ -226,125 +249,129 @@ class Connection:
                 m = _END.search(buf, 0, limits.head + 4)
                 if m is None:
                     if len(buf) > limits.head:
-                        self._error(414 if b"\n" not in buf[:limits.head] else 431, now)
+                        self._emit(_error_plan(414 if b"\n" not in buf[:limits.head] else 431, True), tails)
                     break
                 end, rest = m.start(), m.end()
+                head = buf[:end]
             else:
                 rest = end + 4
             self.buf = buf[rest:]
             self.since = now
             answered += 1
-            try:
-                self._answer(parse_head(buf[:end], limits.target), now)
-            except HttpError as e:
-                self._error(e.status, now)
+            plan = plans.get(head)
+            if plan is None:
+                plan = app.plan(head)
+            self._emit(plan, tails)
         if self.eof and not self.close_after and answered < limits.pipeline:
             self.close_after = True  # the peer sent all it will; what it asked for is queued
         if self.close_after and not self.out:
             self.should_close = True
 
-    def _answer(self, req, now: float) -> None:
-        fields = req.fields
-        te = fields.get(b"transfer-encoding")
-        cl = fields.get(b"content-length")
-        if te is not None:
-            # RFC 9112 §6.1/§6.3: TE with CL is a smuggling attempt; a chunked body we
-            # will not read (411 asks for a length); any other coding cannot be framed.
-            if cl is not None or req.minor == 0:
-                raise HttpError(400, "Transfer-Encoding with Content-Length")
-            if te.rpartition(b",")[2].strip().lower() == b"chunked":
-                raise HttpError(411)
-            raise HttpError(400, "unframeable Transfer-Encoding")
-        if cl is not None:
-            if not cl.isdigit() or len(cl) > 18:
-                raise HttpError(400, "malformed Content-Length")
-            length = int(cl)
-            if length > self.app.limits.body:
-                raise HttpError(413)
-            self.discard = length
 
-        connection = fields.get(b"connection")
-        tails = self.app.tails(now)
-        if req.minor >= 1:
-            if connection is not None and b"close" in connection.lower():
-                self.close_after = True
-                tail = tails[1]
-            else:
-                tail = tails[0]
-        elif connection is not None and b"keep-alive" in connection.lower():
-            tail = tails[2]
-        else:
-            self.close_after = True
-            tail = tails[1]
+_FATAL_CLOSE = 2  # ``close`` value in a plan: close and drop the unparsed rest
 
-        method = req.method
-        if method not in SAFE_METHODS:
-            raise_status = 405 if method in KNOWN_METHODS else 501
-            head, body = _ERRORS[raise_status]
-            self._queue(head, tail, body)
-            return
-        get = method == b"GET"
 
-        site = self.app.site
-        target = self.app.routes.get(req.path)
+def _error_plan(status: int, get: bool) -> tuple:
+    head, body = _ERRORS[status]
+    if status in _FATAL:
+        return head, 1, body, _FATAL_CLOSE, 0
+    return head, 0, body if get else b"", False, 0
+
+
+def _tokens(value: bytes | None) -> set[bytes]:
+    return {t.strip().lower() for t in value.split(b",")} if value else set()
+
+
+def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> tuple:
+    """The plan for one request head: (head bytes, tail kind, body, close, body bytes to skip).
+
+    Tail kind indexes ``App.tails``: 0 keep-alive, 1 close, 2 HTTP/1.0 keep-alive.
+    A plan depends on nothing but the head bytes and the build, so plans can be
+    memoised; the Date line is the only per-second part and lives in the tail.
+    """
+    try:
+        req = parse_head(head, limits.target)
+    except HttpError as e:
+        return _error_plan(e.status, True)
+    fields = req.fields
+    te = fields.get(b"transfer-encoding")
+    cl = fields.get(b"content-length")
+    discard = 0
+    if te is not None:
+        # RFC 9112 §6.1/§6.3: TE with CL is a smuggling attempt; a chunked body we
+        # will not read (411 asks for a length); any other coding cannot be framed.
+        if cl is not None or req.minor == 0:
+            return _error_plan(400, True)
+        return _error_plan(411 if te.rpartition(b",")[2].strip().lower() == b"chunked" else 400, True)
+    if cl is not None:
+        if not cl.isdigit() or len(cl) > 18:
+            return _error_plan(400, True)
+        discard = int(cl)
+        if discard > limits.body:
+            return _error_plan(413, True)
+
+    conn = _tokens(fields.get(b"connection"))
+    if req.minor >= 1:
+        kind, close = (1, True) if b"close" in conn else (0, False)
+    elif b"keep-alive" in conn:
+        kind, close = 2, False
+    else:
+        kind, close = 1, True
+
+    method = req.method
+    if method not in SAFE_METHODS:
+        h, b = _ERRORS[405 if method in KNOWN_METHODS else 501]
+        return h, kind, b, close, discard
+    get = method == b"GET"
+
+    target = routes.get(req.path)
+    if target is None:
+        key = route_key(req.path)
+        if key is None:
+            return _error_plan(400, True)
+        target = routes.get(key)
         if target is None:
-            key = route_key(req.path)
-            if key is None:
-                raise HttpError(400, "malformed path")
-            target = self.app.routes.get(key)
-            if target is None:
-                target = site.fallback or site.not_found
-        if target.__class__ is Redirect:
-            q = b"?" + req.query if req.query is not None else b""
-            self._queue(target.location + q + target.tail, tail)
-            return
+            target = site.fallback or site.not_found
+    if target.__class__ is Redirect:
+        q = b"?" + req.query if req.query is not None else b""
+        return target.location + q + target.tail, kind, b"", close, discard
 
-        entry: Entry = target
-        mask = accept_encoding_mask(fields.get(b"accept-encoding"))
-        v = entry.choice[mask]
-        if v is None:
-            head, body = _ERRORS[406]
-            self._queue(head + b"Vary: Accept-Encoding\r\n", tail)
-            if get:
-                self._queue(body)
-            return
-        if entry.conditional:
-            inm = fields.get(b"if-none-match")
-            if inm is not None:
-                if none_match(inm, v.etag):
-                    self._queue(v.head_304, tail)
-                    return
-            else:
-                ims = fields.get(b"if-modified-since")
-                if ims:
-                    t = parse_http_date(ims)
-                    if t is not None and entry.last_modified <= t:
-                        self._queue(v.head_304, tail)
-                        return
-            rng = fields.get(b"range") if get else None
-            if rng and mask & IDENTITY and self._if_range(fields.get(b"if-range"), entry):
-                ident = entry.identity
-                r = byte_range(rng, ident.length)
-                if r is False:
-                    self._queue(entry.head_416, tail)
-                    return
-                if r is not None:
-                    first, last = r
-                    self._queue(b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
-                                b"Content-Length: %d\r\n%s" % (first, last, ident.length,
-                                                                last - first + 1, ident.fields),
-                                tail, ident.body[first:last + 1])
-                    return
-        if get and v.length:
-            self._queue(v.head, tail, v.body)
+    entry: Entry = target
+    mask = accept_encoding_mask(fields.get(b"accept-encoding"))
+    v = entry.choice[mask]
+    if v is None:
+        h, b = _ERRORS[406]
+        return h + b"Vary: Accept-Encoding\r\n", kind, b if get else b"", close, discard
+    if entry.conditional:
+        inm = fields.get(b"if-none-match")
+        if inm is not None:
+            if none_match(inm, v.etag):
+                return v.head_304, kind, b"", close, discard
         else:
-            self._queue(v.head, tail)
+            ims = fields.get(b"if-modified-since")
+            if ims:
+                t = parse_http_date(ims)
+                if t is not None and entry.last_modified <= t:
+                    return v.head_304, kind, b"", close, discard
+        rng = fields.get(b"range") if get else None
+        if rng and mask & IDENTITY and _if_range(fields.get(b"if-range"), entry):
+            ident = entry.identity
+            r = byte_range(rng, ident.length)
+            if r is False:
+                return entry.head_416, kind, b"", close, discard
+            if r is not None:
+                first, last = r
+                return (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
+                        b"Content-Length: %d\r\n%s" % (first, last, ident.length, last - first + 1,
+                                                          ident.fields),
+                        kind, ident.body[first:last + 1], close, discard)
+    return v.head, kind, v.body if get else b"", close, discard
 
-    @staticmethod
-    def _if_range(value: bytes | None, entry: Entry) -> bool:
-        """RFC 9110 §13.1.5: a strong ETag match or an exact Last-Modified match."""
-        if value is None:
-            return True
-        if value[:1] == b'"':
-            return value == entry.identity.etag
-        return parse_http_date(value) == entry.last_modified
+
+def _if_range(value: bytes | None, entry: Entry) -> bool:
+    """RFC 9110 §13.1.5: a strong ETag match or an exact Last-Modified match."""
+    if value is None:
+        return True
+    if value[:1] == b'"':
+        return value == entry.identity.etag
+    return parse_http_date(value) == entry.last_modified
