@@ -1,0 +1,91 @@
+/*
+ * lwIP configuration for the Orisha unikernel: raw API only, NO_SYS=1,
+ * single-threaded polling loop, static pools (no libc malloc underneath).
+ */
+#ifndef ORISHA_LWIPOPTS_H
+#define ORISHA_LWIPOPTS_H
+
+#define NO_SYS                      1
+#define SYS_LIGHTWEIGHT_PROT        0
+#define LWIP_SOCKET                 0
+#define LWIP_NETCONN                0
+#define LWIP_NETIF_API              0
+
+/* Memory: lwIP's own heap (ram_heap in .bss) and memp pools. */
+#define MEM_LIBC_MALLOC             0
+#define MEMP_MEM_MALLOC             0
+#define MEM_ALIGNMENT               8
+#ifndef MEM_SIZE /* overridable (EXTRA_CFLAGS) for starvation tests */
+#define MEM_SIZE                    (2 * 1024 * 1024)
+#endif
+/*
+ * Every memp element is linked at lwip_init(), touching all pool pages; under
+ * KVM each first touch is an EPT fault, so pools stay small and bulk data
+ * (received frames, copied TCP data) comes from the heap, touched lazily.
+ */
+#ifndef MEMP_NUM_PBUF
+#define MEMP_NUM_PBUF               2048   /* PBUF_ROM/REF: zero-copy body segments */
+#endif
+#define MEMP_NUM_TCP_PCB            128
+#define MEMP_NUM_TCP_PCB_LISTEN     4
+#ifndef MEMP_NUM_TCP_SEG
+#define MEMP_NUM_TCP_SEG            2048
+#endif
+#define MEMP_NUM_UDP_PCB            4
+#define MEMP_NUM_ARP_QUEUE          64
+#define PBUF_POOL_SIZE              48     /* unused by our driver (RX uses PBUF_RAM); >= TCP_WND for lwIP sanity checks */
+#define PBUF_POOL_BUFSIZE           LWIP_MEM_ALIGN_SIZE(1536 + PBUF_LINK_HLEN)
+
+/* Protocols. */
+#define LWIP_ARP                    1
+#define LWIP_ETHERNET               1
+#define LWIP_IPV4                   1
+#define LWIP_IPV6                   0
+#define LWIP_ICMP                   1
+#define LWIP_RAW                    0
+#define LWIP_UDP                    1
+#define LWIP_TCP                    1
+#define LWIP_DHCP                   1
+#define DHCP_DOES_ARP_CHECK         0   /* saves ~1 s at boot; slirp owns the subnet */
+#define LWIP_AUTOIP                 0
+#define LWIP_IGMP                   0
+#define LWIP_DNS                    0
+#define IP_REASSEMBLY               0
+#define IP_FRAG                     0
+#define ARP_TABLE_SIZE              16
+#define ETHARP_SUPPORT_STATIC_ENTRIES 0
+
+/* TCP tuning: large send buffer with window scaling for big bodies. */
+#define TCP_MSS                     1460
+#define LWIP_WND_SCALE              1
+#define TCP_RCV_SCALE               2
+#define TCP_WND                     (64 * 1024)
+#define TCP_SND_BUF                 (256 * 1024)
+#define TCP_SND_QUEUELEN            (4 * TCP_SND_BUF / TCP_MSS)
+#define TCP_SNDLOWAT                (32 * 1024)     /* must stay < 0xffff - 4*MSS */
+#define TCP_SNDQUEUELOWAT           (TCP_SND_QUEUELEN / 2)
+#define TCP_QUEUE_OOSEQ             1
+#define TCP_LISTEN_BACKLOG          0
+#define LWIP_TCP_TIMESTAMPS         0
+#define TCP_OVERSIZE                TCP_MSS
+#define LWIP_TCP_SACK_OUT           0
+
+/* Callbacks and hooks. */
+#define LWIP_NETIF_STATUS_CALLBACK  1
+#define LWIP_NETIF_LINK_CALLBACK    0
+#define LWIP_NETIF_HOSTNAME         0
+#define LWIP_SINGLE_NETIF           1
+
+/* Checksums in software (no offload negotiated with virtio-net yet). */
+#define CHECKSUM_GEN_IP             1
+#define CHECKSUM_GEN_TCP            1
+#define CHECKSUM_GEN_UDP            1
+#define CHECKSUM_CHECK_IP           1
+#define CHECKSUM_CHECK_TCP          1
+#define CHECKSUM_CHECK_UDP          1
+#define LWIP_CHKSUM_ALGORITHM       3
+
+#define LWIP_STATS                  0
+#define LWIP_DEBUG                  0
+
+#endif

@@ -1,0 +1,253 @@
+/*
+ * Monotonic clock: the TSC, scaled to ns. The TSC rate comes from, in order:
+ * kvmclock (KVM publishes its TSC->ns multiplier), CPUID leaf 0x15, CPUID
+ * leaf 0x16 (nominal base MHz), or a 5 ms calibration against PIT channel 0
+ * (read back via the latch command; no port 0x61 needed, so it also works on
+ * microvm). Wall clock: the CMOS RTC read once at boot plus monotonic time.
+ */
+#include <stdint.h>
+#include "platform.h"
+#include "io.h"
+
+#define NSEC_PER_SEC 1000000000ull
+#define PIT_HZ 1193182u
+#define MSR_KVM_SYSTEM_TIME_NEW 0x4b564d01u
+#define MSR_KVM_SYSTEM_TIME 0x12u
+
+struct pvclock_time_info {
+    uint32_t version;
+    uint32_t pad0;
+    uint64_t tsc_timestamp;
+    uint64_t system_time;
+    uint32_t tsc_to_system_mul;
+    int8_t tsc_shift;
+    uint8_t flags;
+    uint8_t pad[2];
+} __attribute__((packed));
+
+static volatile struct pvclock_time_info kvmclock __attribute__((aligned(64)));
+static uint64_t tsc_boot;       /* TSC at clock init */
+static uint64_t ns_per_tick_q32; /* ns per TSC tick, 32.32 fixed point */
+static uint64_t tsc_hz;
+static uint64_t rtc_unix_at_boot;
+static const char *source = "none";
+static uint64_t rand_state;
+
+static int kvmclock_calibrate(void)
+{
+    uint32_t r[4];
+    cpuid(0x40000000, 0, r);
+    if (r[1] != 0x4b4d564b || r[2] != 0x564b4d56 || r[3] != 0x0000004d) /* "KVMKVMKVM" */
+        return 0;
+    cpuid(0x40000001, 0, r);
+    uint32_t msr;
+    if (r[0] & (1u << 3))
+        msr = MSR_KVM_SYSTEM_TIME_NEW;
+    else if (r[0] & 1u)
+        msr = MSR_KVM_SYSTEM_TIME;
+    else
+        return 0;
+    wrmsr(msr, (uint64_t)(uintptr_t)&kvmclock | 1);
+    uint32_t v;
+    uint32_t mul;
+    int8_t shift;
+    int tries = 0;
+    do {
+        v = kvmclock.version;
+        compiler_barrier();
+        mul = kvmclock.tsc_to_system_mul;
+        shift = kvmclock.tsc_shift;
+        compiler_barrier();
+        if (++tries > 1000000)
+            break;
+    } while ((v & 1) || v != kvmclock.version || v == 0);
+    wrmsr(msr, 0); /* we only needed the scale; stop KVM updating it */
+    if (mul == 0)
+        return 0;
+    ns_per_tick_q32 = shift >= 0 ? (uint64_t)mul << shift : (uint64_t)mul >> -shift;
+    tsc_hz = (NSEC_PER_SEC << 32) / ns_per_tick_q32;
+    source = "tsc (kvmclock scale)";
+    return 1;
+}
+
+static int cpuid_calibrate(void)
+{
+    uint32_t r[4];
+    cpuid(0, 0, r);
+    uint32_t max = r[0];
+    if (max >= 0x15) {
+        cpuid(0x15, 0, r);
+        if (r[0] && r[1] && r[2]) {
+            tsc_hz = (uint64_t)r[2] * r[1] / r[0];
+            source = "tsc (cpuid 0x15)";
+            return 1;
+        }
+    }
+    if (max >= 0x16) {
+        cpuid(0x16, 0, r);
+        if (r[0] & 0xffff) {
+            tsc_hz = (uint64_t)(r[0] & 0xffff) * 1000000u;
+            source = "tsc (cpuid 0x16)";
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static uint16_t pit_read_ch0(void)
+{
+    outb(0x43, 0x00); /* latch channel 0 */
+    uint8_t lo = inb(0x40);
+    uint8_t hi = inb(0x40);
+    return (uint16_t)(lo | (hi << 8));
+}
+
+static int pit_calibrate(void)
+{
+    const uint32_t ticks = PIT_HZ / 200; /* 5 ms */
+    outb(0x43, 0x34);                   /* ch0, lo/hi, mode 2, binary */
+    outb(0x40, 0xff);
+    outb(0x40, 0xff);
+    uint16_t start = pit_read_ch0();
+    if (start == 0xffff && pit_read_ch0() == 0xffff) {
+        /* Either just loaded or no PIT: give it a moment. */
+        for (int i = 0; i < 10000; i++)
+            cpu_relax();
+        if (pit_read_ch0() == 0xffff)
+            return 0;
+        start = pit_read_ch0();
+    }
+    uint64_t t0 = rdtsc();
+    uint32_t elapsed = 0;
+    uint16_t prev = start;
+    uint64_t guard = 0;
+    while (elapsed < ticks) {
+        uint16_t now = pit_read_ch0();
+        elapsed += (uint16_t)(prev - now);
+        prev = now;
+        if (++guard > 100000000ull)
+            return 0;
+    }
+    uint64_t t1 = rdtsc();
+    tsc_hz = (t1 - t0) * PIT_HZ / elapsed;
+    source = "tsc (pit calibrated)";
+    return 1;
+}
+
+static uint8_t cmos_read(uint8_t reg)
+{
+    outb(0x70, reg);
+    return inb(0x71);
+}
+
+static unsigned bcd(uint8_t v)
+{
+    return (v & 0x0f) + (v >> 4) * 10;
+}
+
+/* Days since 1970-01-01 for a proleptic Gregorian date. */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    unsigned yoe = (unsigned)(y - era * 400);
+    unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+static uint64_t rtc_read_unix(void)
+{
+    uint8_t t[7], u[7];
+    int tries = 0;
+    if (cmos_read(0x0b) == 0xff)
+        return 0; /* no RTC */
+    do {
+        for (int i = 0; i < 100000 && (cmos_read(0x0a) & 0x80); i++)
+            cpu_relax();
+        t[0] = cmos_read(0x00); t[1] = cmos_read(0x02); t[2] = cmos_read(0x04);
+        t[3] = cmos_read(0x07); t[4] = cmos_read(0x08); t[5] = cmos_read(0x09);
+        t[6] = cmos_read(0x32);
+        for (int i = 0; i < 100000 && (cmos_read(0x0a) & 0x80); i++)
+            cpu_relax();
+        u[0] = cmos_read(0x00); u[1] = cmos_read(0x02); u[2] = cmos_read(0x04);
+        u[3] = cmos_read(0x07); u[4] = cmos_read(0x08); u[5] = cmos_read(0x09);
+        u[6] = cmos_read(0x32);
+    } while (__builtin_memcmp(t, u, sizeof t) != 0 && ++tries < 10);
+    uint8_t b = cmos_read(0x0b);
+    int pm = t[2] & 0x80;
+    t[2] &= 0x7f;
+    unsigned sec = t[0], min = t[1], hour = t[2], day = t[3], mon = t[4], year = t[5];
+    unsigned century = t[6];
+    if (!(b & 0x04)) {
+        sec = bcd(t[0]); min = bcd(t[1]); hour = bcd(t[2]);
+        day = bcd(t[3]); mon = bcd(t[4]); year = bcd(t[5]);
+        century = bcd(t[6]);
+    }
+    if (!(b & 0x02) && pm)
+        hour = (hour % 12) + 12;
+    if (century < 19 || century > 30)
+        century = 20;
+    if (mon < 1 || mon > 12 || day < 1 || day > 31)
+        return 0;
+    int64_t days = days_from_civil((int64_t)century * 100 + year, mon, day);
+    return (uint64_t)(days * 86400 + hour * 3600 + min * 60 + sec);
+}
+
+void platform_clock_init(void)
+{
+    tsc_boot = rdtsc();
+    if (!kvmclock_calibrate() && !cpuid_calibrate() && !pit_calibrate()) {
+        tsc_hz = 1000000000ull;
+        source = "tsc (UNCALIBRATED, assuming 1 GHz)";
+    }
+    if (!ns_per_tick_q32)
+        ns_per_tick_q32 = (NSEC_PER_SEC << 32) / tsc_hz;
+}
+
+void platform_wallclock_init(void)
+{
+    uint64_t now = rtc_read_unix();
+    /* Anchor so that platform_unix_time() = RTC + time since this read. */
+    uint64_t since_boot = platform_now_ns() / NSEC_PER_SEC;
+    rtc_unix_at_boot = now > since_boot ? now - since_boot : now;
+    rand_state = rdtsc() ^ (now << 20) ^ 0x9e3779b97f4a7c15ull;
+}
+
+uint64_t platform_tsc_hz(void)
+{
+    return tsc_hz;
+}
+
+uint64_t platform_now_ns(void)
+{
+    uint64_t d = rdtsc() - tsc_boot;
+    return (uint64_t)(((unsigned __int128)d * ns_per_tick_q32) >> 32);
+}
+
+uint32_t platform_now_ms(void)
+{
+    return (uint32_t)(platform_now_ns() / 1000000u);
+}
+
+uint64_t platform_unix_time(void)
+{
+    if (!rtc_unix_at_boot)
+        return 0;
+    return rtc_unix_at_boot + platform_now_ns() / NSEC_PER_SEC;
+}
+
+const char *platform_clock_source(void)
+{
+    return source;
+}
+
+uint32_t platform_random(void)
+{
+    uint64_t x = rand_state ^ rdtsc();
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    rand_state = x;
+    return (uint32_t)(x >> 16);
+}

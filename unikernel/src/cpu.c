@@ -1,0 +1,107 @@
+/*
+ * CPU setup after entering long mode: an IDT whose every exception PANICs,
+ * a TSS so exceptions raised in ring 3 land on a kernel stack, and the switch
+ * to ring 3.
+ *
+ * Why ring 3: on hosts where "KVM" is a software (PVM, shadow paging)
+ * hypervisor, guest ring-0 code is instruction-emulated (~100x slower than
+ * TCG) while ring-3 code runs natively. After privileged setup (page tables,
+ * MSRs, IDT) nothing needs ring 0: port I/O works at IOPL 3 and MMIO is plain
+ * memory access. On hardware-assisted KVM/TCG this costs nothing.
+ */
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include "platform.h"
+
+struct trap_frame {
+    uint64_t vector, error, rip, cs, rflags, rsp, ss;
+};
+
+struct tss {
+    uint32_t reserved0;
+    uint64_t rsp[3];
+    uint64_t reserved1;
+    uint64_t ist[7];
+    uint64_t reserved2;
+    uint16_t reserved3;
+    uint16_t iomap_base;
+    /* All-zero I/O permission bitmap: every port allowed in ring 3 even if
+     * the hypervisor checks the bitmap rather than IOPL (PVM does). */
+    uint8_t iomap[65536 / 8];
+    uint8_t iomap_end; /* must be 0xff */
+} __attribute__((packed));
+
+struct idt_gate {
+    uint16_t off_lo;
+    uint16_t sel;
+    uint8_t ist;
+    uint8_t type;
+    uint16_t off_mid;
+    uint32_t off_hi;
+    uint32_t reserved;
+} __attribute__((packed));
+
+struct desc_ptr {
+    uint16_t limit;
+    uint64_t base;
+} __attribute__((packed));
+
+extern uint64_t platform_gdt[];
+extern const uint64_t platform_trap_stubs[32];
+void platform_enter_user(void (*fn)(void)) __attribute__((noreturn));
+void platform_trap(struct trap_frame *f) __attribute__((noreturn));
+
+static struct tss tss __attribute__((aligned(16)));
+static struct idt_gate idt[32] __attribute__((aligned(16)));
+static uint8_t trap_stack[16384] __attribute__((aligned(16)));
+
+static const char *const trap_names[32] = {
+    "divide error", "debug", "NMI", "breakpoint", "overflow", "bound range",
+    "invalid opcode", "device not available", "double fault", "coprocessor",
+    "invalid TSS", "segment not present", "stack fault", "general protection",
+    "page fault", "reserved", "x87 FP", "alignment check", "machine check",
+    "SIMD FP", "virtualization", "control protection",
+};
+
+void platform_trap(struct trap_frame *f)
+{
+    uint64_t cr2 = 0;
+    if (f->vector == 14)
+        __asm__ volatile("mov %%cr2, %0" : "=r"(cr2));
+    const char *name = f->vector < 32 && trap_names[f->vector] ? trap_names[f->vector] : "?";
+    PANIC("CPU exception %lu (%s) rip %#lx err %#lx cr2 %#lx rsp %#lx cs %#lx",
+          (unsigned long)f->vector, name, (unsigned long)f->rip, (unsigned long)f->error,
+          (unsigned long)cr2, (unsigned long)f->rsp, (unsigned long)f->cs);
+}
+
+void platform_cpu_init(void)
+{
+    for (int i = 0; i < 32; i++) {
+        uint64_t a = platform_trap_stubs[i];
+        idt[i].off_lo = (uint16_t)a;
+        idt[i].sel = 0x08;
+        idt[i].ist = 0;
+        idt[i].type = 0x8e; /* present, DPL 0, 64-bit interrupt gate */
+        idt[i].off_mid = (uint16_t)(a >> 16);
+        idt[i].off_hi = (uint32_t)(a >> 32);
+        idt[i].reserved = 0;
+    }
+    struct desc_ptr idtr = { sizeof idt - 1, (uint64_t)(uintptr_t)idt };
+    __asm__ volatile("lidt %0" : : "m"(idtr));
+
+    tss.rsp[0] = (uint64_t)(uintptr_t)(trap_stack + sizeof trap_stack);
+    tss.iomap_base = (uint16_t)offsetof(struct tss, iomap);
+    tss.iomap_end = 0xff;
+    uint64_t base = (uint64_t)(uintptr_t)&tss;
+    uint64_t limit = sizeof tss - 1;
+    platform_gdt[5] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89ull << 40) |
+                      (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
+    platform_gdt[6] = base >> 32;
+    __asm__ volatile("ltr %w0" : : "r"(0x28));
+}
+
+void platform_run_in_ring3(void (*fn)(void))
+{
+    platform_enter_user(fn);
+}

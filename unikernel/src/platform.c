@@ -1,0 +1,161 @@
+/* Boot-time platform bring-up, panic/exit, command line, memory arena. */
+#include <stdint.h>
+#include <string.h>
+#include "platform.h"
+#include "serial.h"
+#include "io.h"
+#include "net.h"
+#include "http.h"
+
+#define HVM_START_MAGIC 0x336ec578u
+#define DEBUG_EXIT_PORT 0xf4
+#define ARENA_SIZE (2u * 1024 * 1024)
+
+struct hvm_start_info {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t flags;
+    uint32_t nr_modules;
+    uint64_t modlist_paddr;
+    uint64_t cmdline_paddr;
+    uint64_t rsdp_paddr;
+    uint64_t memmap_paddr;     /* version >= 1 */
+    uint32_t memmap_entries;
+    uint32_t reserved;
+};
+
+struct hvm_memmap_entry {
+    uint64_t addr;
+    uint64_t size;
+    uint32_t type;
+    uint32_t reserved;
+};
+
+/* Embedded site blob (objcopy -I binary, see Makefile). */
+extern const uint8_t platform_site_start[];
+extern const uint8_t platform_site_end[];
+
+/*
+ * The arena lives in .bss. QEMU hands us zeroed RAM, and under KVM the first
+ * touch of every page costs an EPT fault, so bss is deliberately not cleared.
+ */
+static uint8_t arena[ARENA_SIZE] __attribute__((aligned(4096)));
+static size_t arena_used;
+static const char *cmdline = "";
+
+static int in_panic;
+static int verbose;
+static uint32_t boot_info_paddr;
+
+void platform_exit(uint8_t code)
+{
+    outl(DEBUG_EXIT_PORT, code);
+    /* No isa-debug-exit device: stop here (we may be in ring 3: no hlt). */
+    for (;;)
+        cpu_relax();
+}
+
+void platform_panic(const char *file, int line, const char *fmt, ...)
+{
+    if (!in_panic) {
+        in_panic = 1;
+        char buf[256];
+        va_list ap;
+        va_start(ap, fmt);
+        platform_vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        platform_printf("PANIC at %s:%d: %s\n", file, line, buf);
+    }
+    platform_exit(0x7f);
+}
+
+
+int platform_verbose(void)
+{
+    return verbose;
+}
+
+const char *platform_cmdline(void)
+{
+    return cmdline;
+}
+
+void *platform_arena_alloc(size_t size, size_t align)
+{
+    ASSERT(align && (align & (align - 1)) == 0);
+    size_t off = (arena_used + align - 1) & ~(align - 1);
+    if (off + size > ARENA_SIZE)
+        PANIC("arena exhausted: want %zu, used %zu of %u", size, arena_used, ARENA_SIZE);
+    arena_used = off + size;
+    return arena + off;
+}
+
+size_t platform_arena_used(void)
+{
+    return arena_used;
+}
+
+static int cmdline_has(const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = cmdline; *p; p++) {
+        if ((p == cmdline || p[-1] == ' ') && strncmp(p, word, n) == 0 &&
+            (p[n] == 0 || p[n] == ' '))
+            return 1;
+    }
+    return 0;
+}
+
+static void parse_start_info(uint32_t paddr)
+{
+    const struct hvm_start_info *si = (const void *)(uintptr_t)paddr;
+    if (!si || si->magic != HVM_START_MAGIC)
+        PANIC("bad PVH start info at %#x", paddr);
+    if (si->cmdline_paddr)
+        cmdline = (const char *)(uintptr_t)si->cmdline_paddr;
+    uint64_t ram = 0;
+    if (si->version >= 1 && si->memmap_paddr) {
+        const struct hvm_memmap_entry *e = (const void *)(uintptr_t)si->memmap_paddr;
+        for (uint32_t i = 0; i < si->memmap_entries; i++)
+            if (e[i].type == 1)
+                ram += e[i].size;
+    }
+    verbose = cmdline_has("orisha.verbose");
+    if (verbose)
+        platform_printf("orisha: pvh boot, %u MiB RAM, cmdline \"%s\"\n",
+                        (unsigned)(ram >> 20), cmdline);
+}
+
+static void main_ring3(void) __attribute__((noreturn));
+
+/* Entered from boot.S in ring 0, long mode, identity mapped. */
+void platform_main(uint32_t start_info_paddr)
+{
+    serial_init();
+    platform_cpu_init();
+    platform_clock_init(); /* may program kvmclock MSRs: ring 0 only */
+    boot_info_paddr = start_info_paddr;
+    platform_run_in_ring3(main_ring3);
+}
+
+static void main_ring3(void)
+{
+    parse_start_info(boot_info_paddr);
+    size_t site_len = (size_t)(platform_site_end - platform_site_start);
+
+    /* Serial output costs a VM exit per byte on some hosts (~3 ms a line),
+     * so the default boot log is two lines; orisha.verbose adds details. */
+    net_init();                 /* starts DHCP */
+    platform_wallclock_init();  /* CMOS reads overlap the DHCP round trips */
+    if (verbose)
+        platform_printf("orisha: clock %s %lu kHz, unix time %lu, site %zu bytes\n",
+                        platform_clock_source(), (unsigned long)(platform_tsc_hz() / 1000),
+                        (unsigned long)platform_unix_time(), site_len);
+    http_init(platform_site_start, site_len);
+    net_wait_for_address();     /* logs the DHCP address */
+    platform_printf("orisha: serving http on port 80, site %zu bytes, boot %u ms\n",
+                    site_len, platform_now_ms());
+    if (cmdline_has("orisha.exit=ready"))
+        platform_exit(0);
+    net_run();
+}

@@ -1,0 +1,90 @@
+/*
+ * Virtio transports (virtio-mmio v1 "legacy" and v2 "modern", virtio-pci
+ * legacy I/O BAR) and split virtqueues. Polling only, no interrupts.
+ */
+#ifndef ORISHA_VIRTIO_H
+#define ORISHA_VIRTIO_H
+#include <stdint.h>
+#include <stddef.h>
+
+#define VIRTIO_STATUS_ACK         1
+#define VIRTIO_STATUS_DRIVER      2
+#define VIRTIO_STATUS_DRIVER_OK   4
+#define VIRTIO_STATUS_FEATURES_OK 8
+#define VIRTIO_STATUS_FAILED      128
+
+#define VIRTIO_F_VERSION_1        32
+
+#define VIRTQ_DESC_F_NEXT  1
+#define VIRTQ_DESC_F_WRITE 2
+#define VIRTQ_USED_F_NO_NOTIFY 1
+
+enum virtio_transport {
+    VIRTIO_MMIO_LEGACY,   /* mmio Version 1 */
+    VIRTIO_MMIO_MODERN,   /* mmio Version 2 */
+    VIRTIO_PCI_LEGACY,    /* transitional PCI device, I/O BAR0 */
+};
+
+struct virtio_dev {
+    enum virtio_transport transport;
+    uintptr_t base;       /* MMIO address or I/O port base */
+    uint32_t device_id;
+    int modern;           /* VIRTIO_F_VERSION_1 negotiated */
+};
+
+struct virtq_desc {
+    uint64_t addr;
+    uint32_t len;
+    uint16_t flags;
+    uint16_t next;
+};
+
+struct virtq_avail {
+    uint16_t flags;
+    uint16_t idx;
+    uint16_t ring[];
+};
+
+struct virtq_used_elem {
+    uint32_t id;
+    uint32_t len;
+};
+
+struct virtq_used {
+    uint16_t flags;
+    uint16_t idx;
+    struct virtq_used_elem ring[];
+};
+
+struct virtq {
+    struct virtio_dev *dev;
+    uint16_t index;
+    uint16_t size;
+    volatile struct virtq_desc *desc;
+    volatile struct virtq_avail *avail;
+    volatile struct virtq_used *used;
+    uint16_t avail_idx;   /* our shadow of avail->idx */
+    uint16_t last_used;   /* next used entry to consume */
+    uint16_t unkicked;    /* buffers made available since last notify */
+};
+
+/* Probe a virtio-mmio window; returns 1 and fills dev if a device is there. */
+int virtio_mmio_probe(uintptr_t base, struct virtio_dev *dev);
+void virtio_pci_legacy_attach(uint16_t iobase, uint32_t device_id, struct virtio_dev *dev);
+
+uint8_t virtio_get_status(struct virtio_dev *dev);
+void virtio_set_status(struct virtio_dev *dev, uint8_t status);
+uint64_t virtio_get_features(struct virtio_dev *dev);
+void virtio_set_features(struct virtio_dev *dev, uint64_t features);
+uint8_t virtio_config_read8(struct virtio_dev *dev, unsigned off);
+
+/* Allocate (from the platform arena) and register queue 'index'. */
+void virtio_queue_setup(struct virtio_dev *dev, struct virtq *q, uint16_t index, uint16_t max_size);
+/* Publish descriptor head 'id' to the device (no notification). */
+void virtio_queue_push(struct virtq *q, uint16_t id);
+/* Notify the device if buffers are pending and it wants notifications. */
+void virtio_queue_kick(struct virtq *q);
+/* Pop one used element; returns 1 if one was available. */
+int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len);
+
+#endif

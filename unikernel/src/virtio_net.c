@@ -1,0 +1,257 @@
+#include <string.h>
+#include "virtio_net.h"
+#include "virtio.h"
+#include "pci.h"
+#include "platform.h"
+#include "io.h"
+
+#define VIRTIO_ID_NET 1
+#define VIRTIO_NET_F_MAC 5
+#define QUEUE_MAX 256
+#define BUF_SIZE 2048
+#define RXQ 0
+#define TXQ 1
+
+/* microvm places virtio-mmio transports here, 512 bytes apart. */
+#define MICROVM_MMIO_BASE 0xfeb00000u
+#define MICROVM_MMIO_SLOTS 24
+#define MMIO_WINDOW 0x200
+
+static struct virtio_dev dev;
+static struct virtq rxq, txq;
+static uint8_t *rx_bufs, *tx_bufs;
+static uint16_t tx_free[QUEUE_MAX];
+static uint16_t tx_free_count;
+static int tx_pending_id = -1;
+static size_t hdr_len;
+static uint8_t mac[6];
+static struct virtio_net_stats stats;
+static char describe[96];
+
+static uint64_t parse_hex(const char **p)
+{
+    uint64_t v = 0;
+    const char *s = *p;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+        s += 2;
+    for (;; s++) {
+        char c = *s;
+        unsigned d;
+        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') d = (unsigned)(c - 'A' + 10);
+        else break;
+        v = v * 16 + d;
+    }
+    *p = s;
+    return v;
+}
+
+/* Command line entries look like "virtio_mmio.device=512@0xfeb00e00:12"
+ * (added by QEMU microvm's auto-kernel-cmdline). */
+static int find_mmio_from_cmdline(void)
+{
+    const char *key = "virtio_mmio.device=";
+    size_t klen = strlen(key);
+    for (const char *p = platform_cmdline(); *p; p++) {
+        if (strncmp(p, key, klen) != 0)
+            continue;
+        const char *s = p + klen;
+        while (*s && *s != '@' && *s != ' ')
+            s++;
+        if (*s != '@')
+            continue;
+        s++;
+        uintptr_t base = (uintptr_t)parse_hex(&s);
+        struct virtio_dev d;
+        if (virtio_mmio_probe(base, &d) && d.device_id == VIRTIO_ID_NET) {
+            dev = d;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int find_pci(void)
+{
+    struct pci_addr a;
+    if (!pci_present() || !pci_find(0x1af4, 0x1000, &a))
+        return 0;
+    uint32_t bar0 = pci_read32(a, 0x10);
+    if (!(bar0 & 1))
+        PANIC("virtio-net-pci: BAR0 is not I/O (modern-only device? use disable-legacy=off)");
+    pci_enable(a);
+    virtio_pci_legacy_attach((uint16_t)(bar0 & ~3u), VIRTIO_ID_NET, &dev);
+    return 1;
+}
+
+static int find_mmio_by_scan(void)
+{
+    for (unsigned i = 0; i < MICROVM_MMIO_SLOTS; i++) {
+        struct virtio_dev d;
+        if (virtio_mmio_probe(MICROVM_MMIO_BASE + i * MMIO_WINDOW, &d) &&
+            d.device_id == VIRTIO_ID_NET) {
+            dev = d;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void rx_post(uint16_t id)
+{
+    volatile struct virtq_desc *d = &rxq.desc[id];
+    d->addr = (uintptr_t)(rx_bufs + (size_t)id * BUF_SIZE);
+    d->len = BUF_SIZE;
+    d->flags = VIRTQ_DESC_F_WRITE;
+    d->next = 0;
+    virtio_queue_push(&rxq, id);
+}
+
+int virtio_net_init(void)
+{
+    const char *how;
+    if (find_mmio_from_cmdline())
+        how = "virtio-mmio (cmdline)";
+    else if (find_pci())
+        how = "virtio-pci legacy";
+    else if (find_mmio_by_scan())
+        how = "virtio-mmio (scan)";
+    else
+        return 0;
+
+    virtio_set_status(&dev, 0); /* reset */
+    virtio_set_status(&dev, VIRTIO_STATUS_ACK);
+    virtio_set_status(&dev, VIRTIO_STATUS_ACK | VIRTIO_STATUS_DRIVER);
+    uint64_t offered = virtio_get_features(&dev);
+    uint64_t want = (1ull << VIRTIO_NET_F_MAC);
+    if (dev.transport == VIRTIO_MMIO_MODERN) {
+        if (!(offered & (1ull << VIRTIO_F_VERSION_1)))
+            PANIC("virtio-net: modern mmio device without VERSION_1");
+        want |= 1ull << VIRTIO_F_VERSION_1;
+    }
+    want &= offered;
+    virtio_set_features(&dev, want);
+    uint8_t st = VIRTIO_STATUS_ACK | VIRTIO_STATUS_DRIVER;
+    if (dev.modern) {
+        st |= VIRTIO_STATUS_FEATURES_OK;
+        virtio_set_status(&dev, st);
+        if (!(virtio_get_status(&dev) & VIRTIO_STATUS_FEATURES_OK))
+            PANIC("virtio-net: device rejected features %#lx", (unsigned long)want);
+    }
+    /* struct virtio_net_hdr: 10 bytes, +2 (num_buffers) with VERSION_1. */
+    hdr_len = dev.modern ? 12 : 10;
+
+    if (want & (1ull << VIRTIO_NET_F_MAC)) {
+        for (int i = 0; i < 6; i++)
+            mac[i] = virtio_config_read8(&dev, (unsigned)i);
+    } else {
+        static const uint8_t fallback[6] = { 0x52, 0x54, 0x00, 0x12, 0x34, 0x56 };
+        memcpy(mac, fallback, 6);
+    }
+
+    virtio_queue_setup(&dev, &rxq, RXQ, QUEUE_MAX);
+    virtio_queue_setup(&dev, &txq, TXQ, QUEUE_MAX);
+    rx_bufs = platform_arena_alloc((size_t)rxq.size * BUF_SIZE, 4096);
+    tx_bufs = platform_arena_alloc((size_t)txq.size * BUF_SIZE, 4096);
+    for (uint16_t i = 0; i < txq.size; i++)
+        tx_free[i] = (uint16_t)(txq.size - 1 - i);
+    tx_free_count = txq.size;
+    for (uint16_t i = 0; i < rxq.size; i++)
+        rx_post(i);
+
+    virtio_set_status(&dev, st | VIRTIO_STATUS_DRIVER_OK);
+    virtio_queue_kick(&rxq);
+
+    platform_snprintf(describe, sizeof describe, "%s @%#lx, %s, rxq %u txq %u",
+                      how, (unsigned long)dev.base, dev.modern ? "modern" : "legacy",
+                      rxq.size, txq.size);
+    return 1;
+}
+
+const uint8_t *virtio_net_mac(void)
+{
+    return mac;
+}
+
+const char *virtio_net_describe(void)
+{
+    return describe;
+}
+
+int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget)
+{
+    int n = 0;
+    uint32_t id, len;
+    while (n < budget && virtio_queue_pop(&rxq, &id, &len)) {
+        ASSERT(id < rxq.size);
+        if (len > hdr_len && len <= BUF_SIZE)
+            fn(rx_bufs + (size_t)id * BUF_SIZE + hdr_len, len - hdr_len, arg);
+        rx_post((uint16_t)id);
+        stats.rx_frames++;
+        n++;
+    }
+    if (n)
+        virtio_queue_kick(&rxq);
+    return n;
+}
+
+static void tx_reclaim(void)
+{
+    uint32_t id, len;
+    while (virtio_queue_pop(&txq, &id, &len)) {
+        ASSERT(id < txq.size && tx_free_count < txq.size);
+        tx_free[tx_free_count++] = (uint16_t)id;
+    }
+}
+
+uint8_t *virtio_net_tx_begin(void)
+{
+    ASSERT(tx_pending_id < 0);
+    tx_reclaim();
+    if (!tx_free_count) {
+        /* Ring full: make sure the device knows, then wait a bounded time. */
+        stats.tx_full++;
+        virtio_queue_kick(&txq);
+        uint64_t deadline = platform_now_ns() + 50000000ull; /* 50 ms */
+        while (!tx_free_count && platform_now_ns() < deadline) {
+            cpu_relax();
+            tx_reclaim();
+        }
+        if (!tx_free_count)
+            return NULL;
+    }
+    tx_pending_id = tx_free[--tx_free_count];
+    uint8_t *buf = tx_bufs + (size_t)tx_pending_id * BUF_SIZE;
+    memset(buf, 0, hdr_len); /* no offloads: flags 0, gso NONE */
+    return buf + hdr_len;
+}
+
+void virtio_net_tx_commit(size_t len)
+{
+    ASSERT(tx_pending_id >= 0 && len <= VIRTIO_NET_MAX_FRAME);
+    uint16_t id = (uint16_t)tx_pending_id;
+    tx_pending_id = -1;
+    volatile struct virtq_desc *d = &txq.desc[id];
+    d->addr = (uintptr_t)(tx_bufs + (size_t)id * BUF_SIZE);
+    d->len = (uint32_t)(hdr_len + len);
+    d->flags = 0;
+    d->next = 0;
+    virtio_queue_push(&txq, id);
+    stats.tx_frames++;
+    /* Kick early when a batch builds up so the device can work in parallel. */
+    if (txq.unkicked >= 32)
+        virtio_queue_kick(&txq);
+}
+
+void virtio_net_flush(void)
+{
+    virtio_queue_kick(&txq);
+    virtio_queue_kick(&rxq);
+    tx_reclaim();
+}
+
+const struct virtio_net_stats *virtio_net_stats(void)
+{
+    return &stats;
+}

@@ -1,0 +1,32 @@
+/*
+ * virtio-net driver: one RX and one TX queue, fixed 2 KiB buffers from the
+ * platform arena, polled. Knows nothing about lwIP (see net.c).
+ */
+#ifndef ORISHA_VIRTIO_NET_H
+#define ORISHA_VIRTIO_NET_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define VIRTIO_NET_MAX_FRAME 1514
+
+/* Find and initialise the NIC (virtio-mmio, else PCI). Returns 1 on success. */
+int virtio_net_init(void);
+const uint8_t *virtio_net_mac(void);
+const char *virtio_net_describe(void);
+
+typedef void (*virtio_net_rx_fn)(const uint8_t *frame, size_t len, void *arg);
+/* Deliver up to 'budget' received frames; returns how many were delivered. */
+int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget);
+
+/* Get a TX frame buffer (VIRTIO_NET_MAX_FRAME bytes), NULL if the ring stays full. */
+uint8_t *virtio_net_tx_begin(void);
+void virtio_net_tx_commit(size_t len);
+/* Notify the device of queued TX frames / re-posted RX buffers. */
+void virtio_net_flush(void);
+
+struct virtio_net_stats {
+    uint64_t rx_frames, tx_frames, tx_full;
+};
+const struct virtio_net_stats *virtio_net_stats(void);
+
+#endif
