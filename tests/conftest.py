@@ -69,11 +69,17 @@ class Server:
             raise
 
 
+# The demo site is served in two modes: with its own 404 page, and as a single-page app.
+MODES = {"notfound": ["--not-found", "404.html"], "spa": ["--fallback", "200.html"]}
+# Limits the suite's servers run with, so timeout tests finish quickly.
+TEST_LIMITS = ["--idle-timeout", "3", "--head-timeout", "2"]
+
+
 @pytest.fixture(scope="session")
 def builds(tmp_path_factory):
     base = tmp_path_factory.mktemp("builds")
     out = {}
-    for name, opts in (("notfound", ["--not-found", "404.html"]), ("spa", ["--fallback", "200.html"])):
+    for name, opts in MODES.items():
         dest = str(base / name)
         r = orisha("build", DEMO, "-o", dest, *opts)
         assert r.returncode == 0, r.stderr
@@ -87,8 +93,11 @@ _servers: dict = {}
 def _server(builds, loop: str, mode: str) -> Server:
     key = (loop, mode)
     if key not in _servers:
-        _servers[key] = Server(builds[mode], "--loop", loop, "--workers", "2",
-                               "--idle-timeout", "3", "--head-timeout", "2")
+        if loop == "unikernel":  # a booted image: built from the site with its own --loop
+            from unikernel_target import boot
+            _servers[key] = boot(DEMO, MODES[mode], TEST_LIMITS)
+        else:
+            _servers[key] = Server(builds[mode], "--loop", loop, "--workers", "2", *TEST_LIMITS)
     return _servers[key]
 
 
