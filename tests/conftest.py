@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "sites", "demo")
 sys.path.insert(0, os.path.dirname(__file__))
 
-LOOPS = ["epoll", "kqueue", "asyncio"]
+LOOPS = ["epoll", "io-uring", "kqueue", "asyncio"]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # One compression cache for the whole run (builds of the same bytes reuse it), never the user's.

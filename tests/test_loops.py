@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -62,3 +63,55 @@ def test_serve_loop_overrides_the_build(tmp_path):
 def test_unknown_loop_is_a_one_line_error(tmp_path):
     r = orisha("build", DEMO, "-o", str(tmp_path / "o"), "--loop", "select")
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def _serve_with(prelude: str, loop: str, tmp_path):
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out, "--loop", loop).returncode == 0
+    return subprocess.Popen([sys.executable, "-c", prelude + "from orisha.cli import main; main()",
+                             "serve", out, "--port", "0", "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+HIDE_LIBURING = "import sys; sys.modules['liburing'] = None; "  # as if the package were missing
+
+
+def test_auto_falls_back_to_epoll_and_says_why(tmp_path):
+    p = _serve_with(HIDE_LIBURING, "auto", tmp_path)
+    line = p.stdout.readline()
+    try:
+        assert "(loop epoll," in line
+        port = int(re.search(r":(\d+)/", line).group(1))
+        assert Conn(port).request("/").status == 200
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+    assert "io_uring unavailable (the liburing package is not installed); using epoll" in err
+
+
+def test_explicit_io_uring_fails_in_one_line(tmp_path):
+    p = _serve_with(HIDE_LIBURING, "io-uring", tmp_path)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1 and out == ""
+    assert err.strip() == "orisha: error: --loop io-uring: the liburing package is not installed"
+
+
+def test_io_uring_disabled_by_sysctl(tmp_path):
+    knob = "/proc/sys/kernel/io_uring_disabled"
+    if not os.path.exists(knob):
+        pytest.skip("this kernel has no kernel.io_uring_disabled switch (added in Linux 6.6)")
+    old = open(knob).read().strip()
+    try:
+        with open(knob, "w") as f:
+            f.write("2")
+        p = _serve_with("", "io-uring", tmp_path)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 1 and "kernel.io_uring_disabled=2" in err and len(err.splitlines()) == 1
+        p = _serve_with("", "auto", tmp_path)
+        line = p.stdout.readline()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+        assert "(loop epoll," in line and "io_uring unavailable" in err
+    finally:
+        with open(knob, "w") as f:
+            f.write(old)

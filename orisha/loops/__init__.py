@@ -17,6 +17,7 @@ MODULES = {
     "epoll": "orisha.loops.epoll",
     "kqueue": "orisha.loops.kqueue",
     "asyncio": "orisha.loops.asyncio",
+    "io-uring": "orisha.loops.io_uring",
 }
 
 
@@ -36,18 +37,24 @@ def io_uring_problem() -> str | None:
         pass
     if importlib.util.find_spec("liburing") is None:
         return "the liburing package is not installed"
-    import ctypes
-    import errno
-    import os
-    # io_uring_setup(1, params) on a zeroed 120-byte params struct: the kernel's answer
-    # (ENOSYS: too old; EPERM: seccomp or sysctl 1) is what liburing would meet.
-    libc = ctypes.CDLL(None, use_errno=True)
-    params = ctypes.create_string_buffer(120)
-    fd = libc.syscall(425, 1, params)
-    if fd < 0:
-        err = ctypes.get_errno()
-        return f"io_uring_setup failed: {errno.errorcode.get(err, err)} ({os.strerror(err)})"
-    os.close(fd)
+    # Probe in a child process: the kernel may refuse io_uring_setup (ENOSYS, EPERM from
+    # seccomp or sysctl 1), and some liburing wheels die with SIGILL on CPUs without
+    # AVX-512 — a crash a process cannot catch in itself. The parent never imports liburing.
+    import signal
+    import subprocess
+    probe = ("import liburing as L\n"
+             "if not hasattr(L, 'io_uring'): raise SystemExit("
+             "'liburing ' + L.__version__ + ' lacks the 2024.x API (pip install liburing==2024.5.3)')\n"
+             "r = L.io_uring(); L.io_uring_queue_init(8, r); L.io_uring_queue_exit(r)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"probe failed to run ({e})"
+    if r.returncode < 0:
+        return f"the liburing probe was killed by {signal.Signals(-r.returncode).name}"
+    if r.returncode:
+        lines = r.stderr.strip().splitlines()
+        return lines[-1] if lines else f"the liburing probe exited with {r.returncode}"
     return None
 
 
