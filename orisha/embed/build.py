@@ -83,7 +83,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     from .mime import compressible, content_type
     todo = [i for i, f in enumerate(files)
             if datas[i] and compressible(content_type(f.rel))]
-    jobs = [(files[i].path, compress.cache_key(datas[i])) for i in todo]
+    jobs = [(files[i].path, compress.cache_key(datas[i]), len(datas[i])) for i in todo]
     encoded: list[dict[str, bytes] | None] = [None] * len(files)
     if progress:
         import click
@@ -118,6 +118,9 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     try:
         emit.write(tmp, docs, table, nf, fallback, loop, summary,
                    {"files": len(files), "bytes": totals})
+        if loop == "unikernel":
+            from . import image
+            image.write(tmp, docs, table, nf, fallback)
         os.chmod(tmp, 0o755)
         if os.path.exists(out):
             old = tempfile.mkdtemp(prefix=".orisha-old-", dir=parent)

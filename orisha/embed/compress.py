@@ -40,48 +40,55 @@ def default_cache_dir() -> str:
     return os.path.join(base, "compressed")
 
 
-def _job(args: tuple[str, str, str | None]) -> dict[str, bytes]:
-    """Compress one file in every coding (in a worker process)."""
-    path, digest, cache = args
+def _job(args: tuple[str, str, str, str | None]) -> bytes:
+    """Compress one file in one coding (in a worker process), through the cache."""
+    path, digest, coding, cache = args
+    cached = os.path.join(cache, f"{digest}.{coding}") if cache else None
+    if cached and os.path.exists(cached):
+        with open(cached, "rb") as f:
+            return f.read()
     with open(path, "rb") as f:
-        data = f.read()
-    out = {}
-    for coding in CODINGS:
-        cached = os.path.join(cache, f"{digest}.{coding}") if cache else None
-        if cached and os.path.exists(cached):
-            with open(cached, "rb") as f:
-                out[coding] = f.read()
-            continue
-        out[coding] = enc = _encode(coding, data)
-        if cached:
-            os.makedirs(cache, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache)
-            with os.fdopen(fd, "wb") as f:
-                f.write(enc)
-            os.replace(tmp, cached)  # atomic: concurrent builds never see half a file
-    return out
+        enc = _encode(coding, f.read())
+    if cached:
+        os.makedirs(cache, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache)
+        with os.fdopen(fd, "wb") as f:
+            f.write(enc)
+        os.replace(tmp, cached)  # atomic: concurrent builds never see half a file
+    return enc
 
 
 def cache_key(data: bytes) -> str:
     return hashlib.blake2b(data + _VERSIONS.encode(), digest_size=20).hexdigest()
 
 
-def compress_all(jobs: Iterable[tuple[str, str]], cache: str | None,
+def compress_all(jobs: Iterable[tuple[str, str, int]], cache: str | None,
                  progress: Callable[[int], None]) -> list[dict[str, bytes]]:
-    """Compress each (path, digest) in every coding; results in input order."""
-    jobs = [(p, d, cache) for p, d in jobs]
-    if not jobs:
-        return []
-    workers = min(len(jobs), os.cpu_count() or 1)
+    """Compress each (path, digest, size) in every coding; results in input order.
+
+    One task per file and coding, largest first, so two cores finish together
+    instead of one waiting on a big file's brotli at the end.
+    """
+    jobs = list(jobs)
+    tasks = sorted(((i, c) for i in range(len(jobs)) for c in CODINGS),
+                   key=lambda t: (-jobs[t[0]][2], t[0], t[1]))
+    args = [(jobs[i][0], jobs[i][1], c, cache) for i, c in tasks]
+    results: list[dict[str, bytes]] = [{} for _ in jobs]
+    if not tasks:
+        return results
+    workers = min(len(tasks), os.cpu_count() or 1)
+    done_per_file = [0] * len(jobs)
+
+    def collect(it) -> None:
+        for (i, c), enc in zip(tasks, it):
+            results[i][c] = enc
+            done_per_file[i] += 1
+            if done_per_file[i] == len(CODINGS):
+                progress(1)
+
     if workers == 1:
-        results = []
-        for j in jobs:
-            results.append(_job(j))
-            progress(1)
-        return results
-    with ProcessPoolExecutor(workers) as pool:
-        results = []
-        for r in pool.map(_job, jobs, chunksize=1):
-            results.append(r)
-            progress(1)
-        return results
+        collect(map(_job, args))
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            collect(pool.map(_job, args, chunksize=1))
+    return results
