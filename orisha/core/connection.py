@@ -172,7 +172,7 @@ class Connection:
         if not self.out:
             if self.close_after:
                 self.should_close = True
-            else:
+            elif self.buf or self.eof:  # requests held back by the pipeline limit
                 self._process(now)
 
     def tick(self, now: float) -> None:
