@@ -75,14 +75,31 @@ _PLANS_MAX = 4096       # memoised request heads per worker
 _PLAN_HEAD_MAX = 1024   # longer heads are planned every time (at most ~4 MiB memoised)
 
 
-class App:
-    """One worker's view of the site: shared by all its connections."""
+# Counters a worker keeps (see ``App.stats``), in the order they are published.
+STATS = ("requests", "response_bytes", "connections", "open_connections")
+ERROR_STATUSES = (400, 404, 405, 406, 408, 411, 413, 414, 416, 431, 501, 503, 505)
+_ERROR_INDEX = {status: len(STATS) + i for i, status in enumerate(ERROR_STATUSES)}
+STATS_SLOTS = len(STATS) + len(ERROR_STATUSES)
 
-    def __init__(self, site: Site, limits: Limits | None = None) -> None:
+
+class App:
+    """One worker's view of the site: shared by all its connections.
+
+    Observability is injected, never performed here: ``publish(stats)`` is
+    handed the counters once a second, and ``log(data)`` the access-log lines
+    (common log format) gathered since the last call — both from ``tick``,
+    which every loop body calls about once a second.
+    """
+
+    def __init__(self, site: Site, limits: Limits | None = None, publish=None, log=None) -> None:
         self.site = site
         self.routes = site.routes
         self.limits = limits or Limits()
         self.open = 0
+        self.stats = [0] * STATS_SLOTS
+        self.publish = publish
+        self.log = log
+        self.log_lines: list[bytes] | None = [] if log is not None else None
         # Plans memoised by the exact head bytes: clients repeat the same heads, and a
         # plan depends on nothing else. Bounded in entries and in head size.
         self.plans: dict[bytes, tuple] = {}
@@ -103,16 +120,27 @@ class App:
             self._second = second
         return self._tails
 
+    def tick(self, now: float) -> None:
+        """Once a second: hand counters and access-log lines to whoever wants them."""
+        self.stats[3] = self.open
+        if self.publish is not None:
+            self.publish(self.stats)
+        if self.log_lines:
+            data, self.log_lines[:] = b"".join(self.log_lines), []
+            self.log(data)
+
     def plan(self, head: bytes) -> tuple:
         plan = answer(self.site, self.routes, self.limits, head)
+        plan += (int(plan[0][9:12]),)  # the status, for counters and the access log
         if len(head) <= _PLAN_HEAD_MAX:
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[head] = plan
         return plan
 
-    def connect(self, now: float) -> "Connection":
-        conn = Connection(self, now)
+    def connect(self, now: float, peer: str = "-") -> "Connection":
+        conn = Connection(self, now, peer)
+        self.stats[2] += 1
         if self.open > self.limits.connections:
             conn._error(503, now)
         return conn
@@ -120,11 +148,12 @@ class App:
 
 class Connection:
     __slots__ = ("app", "buf", "out", "out_bytes", "since", "discard", "eof",
-                 "close_after", "should_close", "_closed")
+                 "close_after", "should_close", "_closed", "peer")
 
-    def __init__(self, app: App, now: float) -> None:
+    def __init__(self, app: App, now: float, peer: str = "-") -> None:
         app.open += 1
         self.app = app
+        self.peer = peer
         self.buf = b""
         self.out: list = []
         self.out_bytes = 0
@@ -206,10 +235,17 @@ class Connection:
             self.out_bytes += len(b)
 
     def _error(self, status: int, now: float) -> None:
-        self._emit(_error_plan(status, True), self.app.tails(now))
+        self._emit(_error_plan(status, True) + (status,), self.app.tails(now), b"-", now)
 
-    def _emit(self, plan: tuple, tails: tuple) -> None:
-        head, kind, body, close, discard = plan
+    def _emit(self, plan: tuple, tails: tuple, request: bytes, now: float) -> None:
+        head, kind, body, close, discard, status = plan
+        stats = self.app.stats
+        stats[0] += 1
+        stats[1] += len(body)
+        if status >= 400:
+            stats[_ERROR_INDEX[status]] += 1
+        if self.app.log_lines is not None:
+            self.app.log_lines.append(_log_line(self.peer, now, request, status, len(body)))
         out = self.out
         tail = tails[kind]
         out.append(head)
@@ -249,7 +285,8 @@ class Connection:
                 m = _END.search(buf, 0, limits.head + 4)
                 if m is None:
                     if len(buf) > limits.head:
-                        self._emit(_error_plan(414 if b"\n" not in buf[:limits.head] else 431, True), tails)
+                        status = 414 if b"\n" not in buf[:limits.head] else 431
+                        self._emit(_error_plan(status, True) + (status,), tails, buf[:200], now)
                     break
                 end, rest = m.start(), m.end()
                 head = buf[:end]
@@ -261,7 +298,7 @@ class Connection:
             plan = plans.get(head)
             if plan is None:
                 plan = app.plan(head)
-            self._emit(plan, tails)
+            self._emit(plan, tails, head, now)
         if self.eof and not self.close_after and answered < limits.pipeline:
             self.close_after = True  # the peer sent all it will; what it asked for is queued
         if self.close_after and not self.out:
@@ -276,6 +313,18 @@ def _error_plan(status: int, get: bool) -> tuple:
     if status in _FATAL:
         return head, 1, body, _FATAL_CLOSE, 0
     return head, 0, body if get else b"", False, 0
+
+
+_UNSAFE = re.compile(rb'[^\x20-\x7e]|["\\]')
+
+
+def _log_line(peer: str, now: float, head: bytes, status: int, size: int) -> bytes:
+    """One line of the common log format; the request line escaped, cut at 200 bytes."""
+    line = head.split(b"\n", 1)[0].rstrip(b"\r")[:200]
+    line = _UNSAFE.sub(lambda m: b"\\x%02x" % m.group()[0], line)
+    d = format_http_date(int(now))  # b'Sun, 06 Nov 1994 08:49:37 GMT'
+    stamp = b"%s/%s/%s:%s +0000" % (d[5:7], d[8:11], d[12:16], d[17:25])
+    return b'%s - - [%s] "%s" %d %d\n' % (peer.encode(), stamp, line, status, size)
 
 
 def _tokens(value: bytes | None) -> set[bytes]:

@@ -35,7 +35,8 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.t = transport
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = self.body.app.connect(time.time())
+        peer = transport.get_extra_info("peername")
+        self.conn = self.body.app.connect(time.time(), peer[0] if peer else "-")
         self.body.protocols.add(self)
         self.flush(time.time())
 
@@ -105,6 +106,7 @@ class Loop:
         while not stopping():
             await asyncio.sleep(1)
             now = time.time()
+            self.app.tick(now)
             for p in list(self.protocols):
                 p.conn.tick(now)
                 p.flush(now)
@@ -118,3 +120,4 @@ class Loop:
             await asyncio.sleep(0.05)
         for p in list(self.protocols):
             p.t.abort()
+        self.app.tick(time.time())  # last counters and log lines

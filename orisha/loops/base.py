@@ -5,8 +5,9 @@ sockets and ``orisha.core.connection.Connection`` objects. It holds no HTTP
 logic: framing, keep-alive, pipelining, timeouts, negotiation and routing are
 the core's. For each accepted socket it follows this contract:
 
-  conn = app.connect(now)        on accept (then write ``conn.outgoing`` if any: a
-                                 worker over its connection limit answers 503 at once)
+  conn = app.connect(now, peer)  on accept, with the peer's address as text (then write
+                                 ``conn.outgoing`` if any: a worker over its connection
+                                 limit answers 503 at once)
   conn.receive(data, now)        after each read; ``b""`` when the peer shut its side
   conn.outgoing                  the buffers to write next, in order (a list; may be empty);
                                  the core keeps them alive until ``sent`` reports them
@@ -16,6 +17,8 @@ the core's. For each accepted socket it follows this contract:
   conn.tick(now)                 about once a second for every connection (timeouts)
   conn.shutdown(now)             graceful stop: idle connections close, busy ones finish
   conn.close()                   exactly once, when the loop has closed the socket
+  app.tick(now)                  about once a second, and once more before ``run`` returns
+                                 (counters and access-log lines leave the worker here)
 
 ``now`` is ``time.time()``. Errors on a socket (ECONNRESET, EPIPE…) end that
 connection only: the loop closes it and calls ``conn.close()``.

@@ -96,8 +96,12 @@ class Loop:
             self.free += [slab[i * RECV:(i + 1) * RECV] for i in range(SLAB)]
         s = socket.socket(fileno=fd)  # only to set an option: the ring keeps the descriptor
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            peer = s.getpeername()[0]
+        except OSError:  # already reset by the peer: the first recv will say so
+            peer = "-"
         s.detach()
-        c = self.conns[self.next_id] = _Conn(self.next_id, fd, self.app.connect(now), self.free.pop())
+        c = self.conns[self.next_id] = _Conn(self.next_id, fd, self.app.connect(now, peer), self.free.pop())
         self.next_id += 1
         self._service(c)
 
@@ -117,6 +121,7 @@ class Loop:
                     self._service(c)
             if now >= next_tick:
                 next_tick = now + 1
+                self.app.tick(now)
                 if paused and not stopped:  # out of descriptors last time: try again now
                     paused = False
                     self._arm_accept()
@@ -167,4 +172,5 @@ class Loop:
                         c.closing = True  # EPIPE/ECONNRESET: the client left mid-response
                 self._service(c)
         self.listener.close()
+        self.app.tick(time.time())  # last counters and log lines
         L.io_uring_queue_exit(ring)

@@ -78,6 +78,7 @@ class ReadinessLoop:
                 self._flush(fd, c, now)
             if now >= next_tick:
                 next_tick = now + 1
+                self.app.tick(now)
                 if paused and accepting:
                     self._watch(lfd, READ)
                     paused = False
@@ -96,13 +97,14 @@ class ReadinessLoop:
             if deadline is not None and now > deadline:
                 for fd in list(conns):
                     self._close(fd)
+        self.app.tick(time.time())  # last counters and log lines
         self._done()
 
     def _accept(self, now: float) -> bool:
         """Accept all pending connections; False when out of descriptors or memory."""
         while True:
             try:
-                sock, _ = self.listener.accept()
+                sock, addr = self.listener.accept()
             except BlockingIOError:  # backlog drained
                 return True
             except OSError as e:
@@ -114,7 +116,7 @@ class ReadinessLoop:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             fd = sock.fileno()
-            c = self.conns[fd] = [sock, self.app.connect(now), READ]
+            c = self.conns[fd] = [sock, self.app.connect(now, addr[0]), READ]
             self._watch(fd, READ)
             self._flush(fd, c, now)
 
