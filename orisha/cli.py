@@ -58,12 +58,19 @@ def main() -> None:
 @click.option("--loop", type=click.Choice(LOOPS), default="auto", show_default=True,
               help="Loop body the built server will use.")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the compression cache.")
-def build(site, out, fallback, not_found, cache_control, loop, no_cache) -> None:
+@click.option("--target", type=click.Choice(["server", "container"]), default="server",
+              show_default=True,
+              help="container: also OUT/orisha, one static executable serving the site "
+                   "(and what the top-level Dockerfile needs).")
+def build(site, out, fallback, not_found, cache_control, loop, no_cache, target) -> None:
     """Compile SITE into responses in OUT."""
+    builder = run_build
+    if target == "container":
+        from .embed.container import build as builder
     try:
-        r = run_build(site, out, fallback=fallback, not_found=not_found,
-                      cache_control=_cache_controls(cache_control), loop=loop,
-                      cache=None if no_cache else "", progress=sys.stdout.isatty())
+        r = builder(site, out, fallback=fallback, not_found=not_found,
+                    cache_control=_cache_controls(cache_control), loop=loop,
+                    cache=None if no_cache else "", progress=sys.stdout.isatty())
     except BuildError as e:
         _fail(str(e))
     click.echo(_summary(r))
@@ -96,16 +103,54 @@ def _limit_options(f):
 @click.option("--loop", type=click.Choice(LOOPS[:-1]), help="Override the loop recorded in the build.")
 @click.option("--fallback", metavar="FILE", help="When PATH is a site: SPA fallback document.")
 @click.option("--not-found", metavar="FILE", help="When PATH is a site: 404 document.")
+@click.option("--access-log", metavar="PATH", help="Append a common-log-format access log to PATH ('-': stdout). Off by default.")
+@click.option("--admin-port", type=int, metavar="PORT",
+              help="Serve Prometheus counters at http://127.0.0.1:PORT/metrics. Off by default.")
 @_limit_options
-def serve(path, host, port, workers, loop, fallback, not_found, **limits) -> None:
+def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     try:
         if not is_build(path):
             path = build_into_cache(path, fallback=fallback, not_found=not_found)
+        if loop is None and _is_image(path):  # a unikernel build is served by booting it
+            from .boot import BootError, boot as run_boot
+            try:
+                sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
+            except BootError as e:
+                _fail(str(e))
         sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
-                     limits=Limits(**limits)))
+                     limits=Limits(**limits), access_log=access_log, admin_port=admin_port))
     except (BuildError, ServeError) as e:
         _fail(str(e))
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Host address QEMU forwards to the guest's port 80.")
+@click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--workers", type=int, help="Ignored: the unikernel runs one vCPU.")
+@click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto", show_default=True,
+              help="QEMU accelerator; auto is KVM when /dev/kvm is usable.")
+@click.option("--memory", type=int, metavar="MB", help="Guest RAM [default: image size + 16 MiB, at least 64].")
+@_limit_options
+def boot(path, host, port, workers, accel, memory, **limits) -> None:
+    """Boot a unikernel build (orisha build --loop unikernel) under QEMU."""
+    from .boot import BootError, boot as run_boot
+    try:
+        sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
+                          limits=Limits(**limits)))
+    except BootError as e:
+        _fail(str(e))
+
+
+def _is_image(path: str) -> bool:
+    import json
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            return json.load(f).get("loop") == "unikernel"
+    except (OSError, ValueError):  # checked by is_build already; not an image then
+        return False
 
 
 def build_into_cache(site: str, **options) -> str:
