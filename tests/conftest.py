@@ -21,6 +21,8 @@ DEMO = os.path.join(ROOT, "sites", "demo")
 sys.path.insert(0, os.path.dirname(__file__))
 
 LOOPS = ["epoll", "io-uring", "kqueue", "asyncio"]
+# Every server the conformance suite runs against: the loops, and the packaged targets.
+TARGETS = LOOPS + ["container", "unikernel"]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # One compression cache for the whole run (builds of the same bytes reuse it), never the user's.
@@ -47,10 +49,9 @@ def orisha_cmd(args=(), prelude: str = "") -> list[str]:
 class Server:
     """`orisha serve` in a subprocess; the port is read from its start-up line."""
 
-    def __init__(self, build: str, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [*orisha_cmd(args), "serve", build, "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    def __init__(self, build: str, *args: str, proc: subprocess.Popen | None = None) -> None:
+        self.proc = proc or subprocess.Popen(
+            self.cmd(build, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         line = self.proc.stdout.readline()
         m = re.search(r"http://([\d.]+):(\d+)/", line)
         if not m:
@@ -58,6 +59,15 @@ class Server:
             raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.line = line
         self.port = int(m.group(2))
+
+    @staticmethod
+    def cmd(build: str, *args: str) -> list[str]:
+        return [*orisha_cmd(args), "serve", build, "--port", "0", *args]
+
+    @classmethod
+    def attach(cls, proc: subprocess.Popen) -> "Server":
+        """A Server for a process started elsewhere (e.g. under prlimit)."""
+        return cls("", proc=proc)
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 20) -> int:
         if self.proc.poll() is None:
@@ -96,12 +106,15 @@ def _server(builds, loop: str, mode: str) -> Server:
         if loop == "unikernel":  # a booted image: built from the site with its own --loop
             from unikernel_target import boot
             _servers[key] = boot(DEMO, MODES[mode], TEST_LIMITS)
+        elif loop == "container":  # the FROM-scratch image, run as uid 65534 on 127.0.0.1
+            from container_target import start
+            _servers[key] = start(DEMO, MODES[mode], TEST_LIMITS)
         else:
             _servers[key] = Server(builds[mode], "--loop", loop, "--workers", "2", *TEST_LIMITS)
     return _servers[key]
 
 
-@pytest.fixture(scope="session", params=LOOPS)
+@pytest.fixture(scope="session", params=TARGETS)
 def loop(request):
     return request.param
 
