@@ -14,8 +14,10 @@ import sys
 import click
 
 from .core.connection import Limits
-from .embed.build import LOOPS, build as run_build
+# The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
+# that build: a serving process stays small, and its workers share less heap to copy.
 from .embed.walk import BuildError
+from .loops import BUILD_CHOICES as LOOPS
 from .server import ServeError, is_build, run
 
 
@@ -64,6 +66,7 @@ def main() -> None:
                    "(and what the top-level Dockerfile needs).")
 def build(site, out, fallback, not_found, cache_control, loop, no_cache, target) -> None:
     """Compile SITE into responses in OUT."""
+    from .embed.build import build as run_build
     builder = run_build
     if target == "container":
         from .embed.container import build as builder
@@ -161,6 +164,7 @@ def build_into_cache(site: str, **options) -> str:
     base = os.environ.get("ORISHA_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "orisha")
     out = os.path.join(base, "builds", key)
+    from .embed.build import build as run_build
     r = run_build(site, out, progress=sys.stdout.isatty(), **options)
     click.echo(_summary(r))
     return out

@@ -28,10 +28,11 @@ class Variant:
         self.etag = etag
         self.body = body
         self.length = len(body)
-        # ``fields``: every header line except the status line and Content-Length,
-        # kept so a 206 can be framed around it without formatting anything else.
-        self.fields = fields
         self.head = b"HTTP/1.1 %s\r\nContent-Length: %d\r\n%s" % (status, self.length, fields)
+        # ``fields``: every header line except the status line and Content-Length, kept
+        # (for identity only: ranges are served from it) so a 206 is framed around it
+        # without formatting anything else.
+        self.fields = fields if coding == b"identity" else b""
         self.head_304 = b"HTTP/1.1 304 Not Modified\r\n" + fields_304
 
 

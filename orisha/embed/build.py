@@ -20,7 +20,7 @@ from typing import Callable
 from . import assemble, compress, emit
 from .walk import BuildError, walk
 
-LOOPS = ("epoll", "io-uring", "kqueue", "asyncio", "auto", "unikernel")
+from ..loops import BUILD_CHOICES as LOOPS
 
 
 @dataclass

@@ -21,6 +21,10 @@ MODULES = {
 }
 
 
+# What ``orisha build --loop`` accepts: the hosted loops, auto, and the booted image.
+BUILD_CHOICES = (*MODULES, "auto", "unikernel")
+
+
 class LoopUnavailable(Exception):
     """The loop cannot run here; the message says why."""
 
