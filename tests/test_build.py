@@ -153,7 +153,7 @@ def test_unreadable_file_fails_and_keeps_the_old_output():
         os.chmod(os.path.join(site, "secret.txt"), 0)
         os.chmod(out, 0o777)
         # root reads anything: import as root, then drop to an unprivileged user and build
-        code = ("import os, sys, difflib, gettext; from orisha import cli; os.setgroups([]); os.setgid(65534); "
+        code = ("import os, sys, difflib, gettext; from orisha import cli; import orisha.embed.build; os.setgroups([]); os.setgid(65534); "
                 "os.setuid(65534); sys.argv = ['orisha', 'build', sys.argv[1], '-o', sys.argv[2]]; cli.main()")
         r = subprocess.run([sys.executable, "-c", code, site, out], capture_output=True, text=True,
                            cwd=ROOT, env={**os.environ, "ORISHA_CACHE": os.path.join(base, "c")})
