@@ -9,17 +9,21 @@ The Python API mirrors the three declarations of a small program::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 __all__ = ["static", "serve", "StaticSite"]
 
 
-@dataclass(frozen=True)
 class StaticSite:
-    name: str
-    root: str
-    fallback: str | None = None
-    not_found: str | None = None
+    """A declared site. (A plain class: ``dataclasses`` would pull ``inspect`` into every
+    start-up, the container's included.)"""
+
+    __slots__ = ("name", "root", "fallback", "not_found")
+
+    def __init__(self, name: str, root: str, fallback: str | None = None,
+                 not_found: str | None = None) -> None:
+        self.name, self.root, self.fallback, self.not_found = name, root, fallback, not_found
+
+    def __repr__(self) -> str:
+        return f"StaticSite({self.name!r}, root={self.root!r}, fallback={self.fallback!r})"
 
 
 def static(name: str, root: str, fallback: str | None = None,

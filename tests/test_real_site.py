@@ -48,28 +48,35 @@ def test_real_site_byte_identical_in_every_encoding(real_build, loop):
     site = load_site(real_build)
     s = Server(real_build, "--loop", loop, "--workers", "2")
     try:
-        c = Conn(s.port)
-        checked = {b"identity": 0, b"gzip": 0, b"br": 0, b"zstd": 0}
-        for rel in files:
-            data = open(os.path.join(REAL, rel), "rb").read()
-            path = "/" + rel
-            entry = site.routes[path.encode()]
-            for v in entry.variants:
-                r = c.request(path, headers={"Accept-Encoding": v.coding.decode()})
-                assert r.status == 200, path
-                assert r.h("content-encoding") == (None if v.coding == b"identity" else v.coding.decode())
-                assert r.body == bytes(v.body) and DECODE[v.coding](r.body) == data, (path, v.coding)
-                checked[v.coding] += 1
-            best = c.request(path, headers={"Accept-Encoding": "gzip, deflate, br, zstd"})
-            assert len(best.body) == min(v.length for v in entry.variants)
-            assert c.request(path, headers={"If-None-Match": best.h("etag"),
-                                            "Accept-Encoding": "gzip, deflate, br, zstd"}).status == 304
-            h = c.request(path, method="HEAD")
-            assert h.status == 200 and int(h.h("content-length")) == len(data)
-            if data:
-                r = c.request(path, headers={"Range": "bytes=-100", "Accept-Encoding": "br"})
-                assert r.status == 206 and r.body == data[-100:]
-        assert all(checked.values()), checked
-        assert checked[b"identity"] == len(files)
+        check_every_file(s.port, site)
     finally:
         s.stop()
+
+
+def check_every_file(port: int, site) -> None:
+    """Every file of REAL from the server on ``port``, in every variant ``site`` has
+    (tests/test_container.py runs this against the container too)."""
+    files = site_files()
+    c = Conn(port)
+    checked = {b"identity": 0, b"gzip": 0, b"br": 0, b"zstd": 0}
+    for rel in files:
+        data = open(os.path.join(REAL, rel), "rb").read()
+        path = "/" + rel
+        entry = site.routes[path.encode()]
+        for v in entry.variants:
+            r = c.request(path, headers={"Accept-Encoding": v.coding.decode()})
+            assert r.status == 200, path
+            assert r.h("content-encoding") == (None if v.coding == b"identity" else v.coding.decode())
+            assert r.body == bytes(v.body) and DECODE[v.coding](r.body) == data, (path, v.coding)
+            checked[v.coding] += 1
+        best = c.request(path, headers={"Accept-Encoding": "gzip, deflate, br, zstd"})
+        assert len(best.body) == min(v.length for v in entry.variants)
+        assert c.request(path, headers={"If-None-Match": best.h("etag"),
+                                        "Accept-Encoding": "gzip, deflate, br, zstd"}).status == 304
+        h = c.request(path, method="HEAD")
+        assert h.status == 200 and int(h.h("content-length")) == len(data)
+        if data:
+            r = c.request(path, headers={"Range": "bytes=-100", "Accept-Encoding": "br"})
+            assert r.status == 206 and r.body == data[-100:]
+    assert all(checked.values()), checked
+    assert checked[b"identity"] == len(files)

@@ -149,6 +149,7 @@ def test_connection_limit_refuses_gracefully(builds, hosted):
         extra.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         r = extra.read()
         assert r.status == 503 and r.h("retry-after") == "1" and extra.closed()
+        extra.close()
         held.pop().close()
         time.sleep(0.2)
         assert alive(s.port)

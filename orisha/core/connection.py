@@ -148,7 +148,7 @@ class App:
 
 class Connection:
     __slots__ = ("app", "buf", "out", "out_bytes", "since", "discard", "eof",
-                 "close_after", "should_close", "_closed", "peer")
+                 "close_after", "should_close", "_closed", "peer", "shut_write")
 
     def __init__(self, app: App, now: float, peer: str = "-") -> None:
         app.open += 1
@@ -162,6 +162,7 @@ class Connection:
         self.eof = False
         self.close_after = False  # no more requests: close once ``out`` is written
         self.should_close = False
+        self.shut_write = False   # lingering: our side is done, input is drained until EOF
         self._closed = False
 
     # -- the loop body's side of the contract ---------------------------------
@@ -172,9 +173,13 @@ class Connection:
 
     @property
     def wants_read(self) -> bool:
-        return not self.out and not self.close_after and not self.should_close
+        return not self.out and (not self.close_after or self.shut_write) and not self.should_close
 
     def receive(self, data: bytes, now: float) -> None:
+        if self.shut_write:  # lingering: input is discarded; the peer's EOF ends it
+            if not data:
+                self.should_close = True
+            return
         if not data:
             self.eof = True
         elif self.buf:
@@ -200,14 +205,17 @@ class Connection:
                 del out[0]
         if not self.out:
             if self.close_after:
-                self.should_close = True
+                self._finish(now)
             elif self.buf or self.eof:  # requests held back by the pipeline limit
                 self._process(now)
 
     def tick(self, now: float) -> None:
         limits = self.app.limits
         waited = now - self.since
-        if self.out:
+        if self.shut_write:
+            if waited > _LINGER:
+                self.should_close = True
+        elif self.out:
             if waited > limits.send_timeout:
                 self.should_close = True
         elif self.buf or self.discard:
@@ -221,6 +229,17 @@ class Connection:
         self.close_after = True
         if not self.out:
             self.should_close = True
+
+    def _finish(self, now: float) -> None:
+        """Our last response is written. Close at once if the peer has finished too;
+        otherwise linger: shut our sending side and drain input until the peer's EOF
+        (at most ``_LINGER`` s), because closing with unread input sends a reset that
+        can destroy the response before the client reads it (e.g. a 413 or 431)."""
+        if self.eof:
+            self.should_close = True
+        else:
+            self.shut_write = True
+            self.since = now
 
     def close(self) -> None:
         if not self._closed:
@@ -302,10 +321,11 @@ class Connection:
         if self.eof and not self.close_after and answered < limits.pipeline:
             self.close_after = True  # the peer sent all it will; what it asked for is queued
         if self.close_after and not self.out:
-            self.should_close = True
+            self._finish(now)
 
 
 _FATAL_CLOSE = 2  # ``close`` value in a plan: close and drop the unparsed rest
+_LINGER = 2.0     # seconds a closing connection drains input waiting for the peer's EOF
 
 
 def _error_plan(status: int, get: bool) -> tuple:

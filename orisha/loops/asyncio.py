@@ -25,10 +25,11 @@ _SLICE = 256 * 1024
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("body", "conn", "t", "paused", "reading")
+    __slots__ = ("body", "conn", "t", "paused", "reading", "eof_sent")
 
     def __init__(self, body: "Loop") -> None:
         self.body = body
+        self.eof_sent = False
         self.paused = False
         self.reading = True
 
@@ -81,6 +82,9 @@ class _Protocol(asyncio.Protocol):
         if conn.should_close:
             t.close()
             return
+        if conn.shut_write and t.can_write_eof() and not self.eof_sent:
+            self.eof_sent = True
+            t.write_eof()
         want = conn.wants_read
         if want != self.reading:
             self.reading = want

@@ -14,6 +14,9 @@ the core's. For each accepted socket it follows this contract:
   conn.sent(n, now)              after writing n bytes of ``outgoing``
   conn.wants_read                read only while True (False while output is pending: backpressure)
   conn.should_close              close the socket as soon as this is True
+  conn.shut_write                when True (and nothing is outgoing), shut down the sending
+                                 side once (SHUT_WR) and keep reading: the core drains input
+                                 until the peer's EOF so the close cannot become a reset
   conn.tick(now)                 about once a second for every connection (timeouts)
   conn.shutdown(now)             graceful stop: idle connections close, busy ones finish
   conn.close()                   exactly once, when the loop has closed the socket

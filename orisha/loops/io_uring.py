@@ -34,11 +34,11 @@ _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class _Conn:
-    __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing")
+    __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing", "shut")
 
     def __init__(self, cid: int, fd: int, conn, buf: memoryview) -> None:
         self.id, self.fd, self.conn, self.buf = cid, fd, conn, buf
-        self.recv, self.iov, self.closing = False, None, False
+        self.recv, self.iov, self.closing, self.shut = False, None, False, False
 
 
 class Loop:
@@ -82,6 +82,9 @@ class Loop:
                 c.conn.close()
             return
         out = c.conn.outgoing
+        if c.conn.shut_write and not out and not c.shut and c.iov is None:
+            c.shut = True
+            L.io_uring_prep_shutdown(self._sqe(IGNORE), c.fd, socket.SHUT_WR)
         if c.iov is None and out:
             bufs = [b for b in out[:IOV_MAX] if len(b)]
             c.iov = L.iovec(bufs)  # holds the buffers until the completion arrives

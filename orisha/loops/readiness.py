@@ -33,7 +33,7 @@ class ReadinessLoop:
         self.listener = listener
         self.lfd = listener.fileno()
         self.app = app
-        self.conns: dict[int, list] = {}  # fd → [socket, connection, watched]
+        self.conns: dict[int, list] = {}  # fd → [socket, connection, watched, may shut]
 
     # -- implemented by each platform -------------------------------------------
     def _watch(self, fd: int, want: int) -> None:
@@ -116,7 +116,7 @@ class ReadinessLoop:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             fd = sock.fileno()
-            c = self.conns[fd] = [sock, self.app.connect(now, addr[0]), READ]
+            c = self.conns[fd] = [sock, self.app.connect(now, addr[0]), READ, True]
             self._watch(fd, READ)
             self._flush(fd, c, now)
 
@@ -134,13 +134,19 @@ class ReadinessLoop:
         if conn.should_close:
             self._close(fd)
             return
+        if conn.shut_write and c[3]:
+            c[3] = False
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:  # ENOTCONN: the peer is already gone; the next read says so
+                pass
         want = WRITE if conn.outgoing else (READ if conn.wants_read else 0)
         if want != c[2]:
             self._watch(fd, want)
             c[2] = want
 
     def _close(self, fd: int) -> None:
-        sock, conn, _ = self.conns.pop(fd)
+        sock, conn, _, _ = self.conns.pop(fd)
         self._forget(fd)
         sock.close()
         conn.close()

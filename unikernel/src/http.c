@@ -1,265 +1,260 @@
+/*
+ * HTTP on lwIP's raw TCP API: the glue between lwIP and the request core
+ * (core.c). It moves bytes and time, nothing else: what to answer, when a
+ * connection ends and when it times out are the core's decisions.
+ *
+ * - Input is held as lwIP delivered it (a pbuf chain per connection) and fed
+ *   to the core only while the core wants it. Bytes count as received
+ *   (tcp_recved) only once the core took them, so a client that pipelines
+ *   faster than we answer fills its TCP window and waits: backpressure
+ *   instead of buffering.
+ * - One response at a time is queued with tcp_write: constant bytes (heads,
+ *   bodies) point into the image (no copy for bodies; small heads are copied
+ *   into the segment, which costs less than an extra pbuf), per-connection
+ *   bytes (Date tail, 206 status, redirect query) are copied. Whatever does
+ *   not fit in the send buffer or the pbuf/segment pools continues from
+ *   tcp_sent, or from the poll timer after ERR_MEM: exhaustion slows a
+ *   connection down, it never fails it.
+ * - The poll timer (500 ms) drives the core's timeouts.
+ */
 #include <string.h>
 #include "lwip/tcp.h"
+#include "core.h"
 #include "http.h"
 #include "platform.h"
 
 #define HTTP_PORT 80
-#define MAX_CONNS MEMP_NUM_TCP_PCB
-#define MAX_PENDING 256          /* queued request heads before we stop reading */
-#define POLL_INTERVAL 2          /* x 500 ms: retry after ERR_MEM */
+/* One slot per lwIP PCB: a slot is always free when lwIP could accept. */
+#define HTTP_CONNS MEMP_NUM_TCP_PCB
+#define POLL_INTERVAL 1          /* x 500 ms (lwIP's slow timer) */
 #define MAX_WRITE 0xf000u        /* tcp_write takes a u16 length */
+#define COPY_BELOW 512           /* heads up to this size are copied into the segment */
 
-struct conn {
+struct hconn {
     struct tcp_pcb *pcb;
-    uint32_t pending;            /* complete request heads not yet fully queued */
-    size_t body_off;             /* body bytes queued for the current response */
-    uint8_t head_sent;           /* header of the current response queued */
-    uint8_t match;               /* progress through "\r\n\r\n" */
-    uint8_t peer_closed;
+    struct pbuf *in;             /* received, not yet taken by the core */
+    uint32_t seg_off;            /* progress in the current response segment */
+    uint8_t seg;                 /* current segment of core.resp */
     uint8_t used;
-    /* Minimal header scan, only to honour "Connection: close" / HTTP/1.0. */
-    uint8_t closing;             /* last pending response closes the connection */
-    uint8_t line_no;             /* line index within the current head (saturating) */
-    uint8_t line_len;            /* bytes seen on the current line (saturating) */
-    uint8_t http10;              /* request line ends in HTTP/1.0 */
-    int8_t conn_hdr;             /* Connection header: 1 keep-alive, -1 close, 0 none */
-    char line[24];               /* first bytes of the current line, lower-cased */
-    char tail[8];                /* last 8 bytes of the current line */
+    uint8_t peer_eof;            /* lwIP reported the peer's FIN */
+    uint8_t closing;             /* tcp_close failed (no memory): retry from poll */
+    struct core_conn core;
 };
 
-static struct conn conns[MAX_CONNS];
-static const uint8_t *site_body;
-static size_t site_len;
+static struct hconn conns[HTTP_CONNS];
+static uint32_t open_conns;
 static uint64_t responses;
 
-static char date_buf[40];
-static uint64_t date_sec = ~0ull;
-
-static const char *http_date(void)
+static uint64_t now_ms(void)
 {
-    static const char *wd[] = { "Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed" };
-    static const char *mo[] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
-    uint64_t t = platform_unix_time();
-    if (t == date_sec)
-        return date_buf;
-    date_sec = t;
-    uint64_t days = t / 86400, rem = t % 86400;
-    /* civil_from_days */
-    int64_t z = (int64_t)days + 719468;
-    int64_t era = z / 146097;
-    unsigned doe = (unsigned)(z - era * 146097);
-    unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    int64_t y = (int64_t)yoe + era * 400;
-    unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    unsigned mp = (5 * doy + 2) / 153;
-    unsigned d = doy - (153 * mp + 2) / 5 + 1;
-    unsigned m = mp < 10 ? mp + 3 : mp - 9;
-    y += m <= 2;
-    platform_snprintf(date_buf, sizeof date_buf, "%s, %02u %s %04d %02u:%02u:%02u GMT",
-                      wd[days % 7], d, mo[m - 1], (int)y, (unsigned)(rem / 3600),
-                      (unsigned)(rem / 60 % 60), (unsigned)(rem % 60));
-    return date_buf;
+    return platform_now_ns() / 1000000u;
 }
 
-static void conn_free(struct conn *c)
+static void release(struct hconn *h)
 {
-    memset(c, 0, sizeof *c);
+    open_conns--;
+    h->used = 0;
+    h->pcb = NULL;
 }
 
-/* Returns ERR_ABRT if the pcb had to be aborted (callers must pass it on). */
-static err_t conn_close(struct conn *c)
+static void detach(struct tcp_pcb *pcb)
 {
-    struct tcp_pcb *pcb = c->pcb;
     tcp_arg(pcb, NULL);
-    tcp_recv(pcb, NULL);
+    tcp_recv(pcb, NULL); /* lwIP's tcp_recv_null then acknowledges and drops late data */
     tcp_sent(pcb, NULL);
     tcp_err(pcb, NULL);
     tcp_poll(pcb, NULL, 0);
-    conn_free(c);
-    if (tcp_close(pcb) != ERR_OK) {
-        tcp_abort(pcb); /* out of memory for the FIN: reset instead */
-        return ERR_ABRT;
+}
+
+static void drop_input(struct hconn *h)
+{
+    if (h->in) {
+        /* Everything received counts as read: lwIP answers a close with a RST
+         * (losing queued responses) while unread data is outstanding. */
+        tcp_recved(h->pcb, h->in->tot_len);
+        pbuf_free(h->in);
+        h->in = NULL;
     }
+}
+
+/*
+ * Send our FIN. tcp_close() resets instead when the receive window is not
+ * fully open, and while lwIP delivers data that arrived together with the
+ * peer's FIN the window is still one short (it corrects that after our recv
+ * callback returns): closing from there would turn a 400 into a RST. Once the
+ * peer's FIN is in (CLOSE_WAIT) nothing more can arrive, so shutting down our
+ * side is a complete close without that check.
+ */
+static err_t finish(struct tcp_pcb *pcb)
+{
+    return pcb->state == CLOSE_WAIT ? tcp_shutdown(pcb, 0, 1) : tcp_close(pcb);
+}
+
+static err_t close_conn(struct hconn *h)
+{
+    struct tcp_pcb *pcb = h->pcb;
+    drop_input(h);
+    if (finish(pcb) != ERR_OK) {
+        h->closing = 1; /* no memory for the FIN yet: the poll timer retries */
+        return ERR_OK;
+    }
+    detach(pcb);
+    release(h);
     return ERR_OK;
 }
 
-/* Queue as much of the pending responses as lwIP will take right now.
- * Returns ERR_ABRT if the connection was aborted. */
-static err_t send_pending(struct conn *c)
+static err_t abort_conn(struct hconn *h)
 {
-    struct tcp_pcb *pcb = c->pcb;
-    while (c->pending) {
-        if (!c->head_sent) {
-            char head[256];
-            int n = platform_snprintf(head, sizeof head,
-                                      "HTTP/1.1 200 OK\r\n"
-                                      "Server: orisha\r\n"
-                                      "Date: %s\r\n"
-                                      "Content-Type: application/octet-stream\r\n"
-                                      "Content-Length: %zu\r\n"
-                                      "Connection: %s\r\n"
-                                      "\r\n",
-                                      http_date(), site_len,
-                                      c->closing && c->pending == 1 ? "close" : "keep-alive");
-            ASSERT(n > 0 && n < (int)sizeof head);
-            if (tcp_sndbuf(pcb) < (unsigned)n)
-                goto out;
-            err_t e = tcp_write(pcb, head, (u16_t)n,
-                                TCP_WRITE_FLAG_COPY | (site_len ? TCP_WRITE_FLAG_MORE : 0));
-            if (e == ERR_MEM)
-                goto out;
-            if (e != ERR_OK) {
-                conn_free(c);
-                tcp_abort(pcb);
-                return ERR_ABRT;
-            }
-            c->head_sent = 1;
-            c->body_off = 0;
+    struct tcp_pcb *pcb = h->pcb;
+    drop_input(h);
+    detach(pcb);
+    release(h);
+    tcp_abort(pcb);
+    return ERR_ABRT;
+}
+
+/* Queue as much of the current response as lwIP takes: 1 done, 0 blocked, -1 aborted. */
+static int write_resp(struct hconn *h)
+{
+    struct core_resp *r = &h->core.resp;
+    struct tcp_pcb *pcb = h->pcb;
+    while (h->seg < r->n) {
+        const struct core_seg *s = &r->seg[h->seg];
+        size_t n = s->len - h->seg_off;
+        size_t room = tcp_sndbuf(pcb);
+        if (n > room)
+            n = room;
+        if (n > MAX_WRITE)
+            n = MAX_WRITE;
+        if (n == 0)
+            return 0;
+        int more = h->seg_off + n < s->len || h->seg + 1 < r->n;
+        u8_t flags = (more ? TCP_WRITE_FLAG_MORE : 0) |
+                     (s->copy || s->len <= COPY_BELOW ? TCP_WRITE_FLAG_COPY : 0);
+        err_t e;
+        while ((e = tcp_write(pcb, s->p + h->seg_off, (u16_t)n, flags)) == ERR_MEM && n > TCP_MSS)
+            n /= 2;
+        if (e == ERR_MEM)
+            return 0; /* out of pbufs/segments/queue: resume from sent/poll */
+        if (e != ERR_OK)
+            return abort_conn(h), -1;
+        h->seg_off += (uint32_t)n;
+        if (h->seg_off == s->len) {
+            h->seg++;
+            h->seg_off = 0;
         }
-        while (c->body_off < site_len) {
-            size_t n = site_len - c->body_off;
-            size_t room = tcp_sndbuf(pcb);
-            if (n > room)
-                n = room;
-            if (n > MAX_WRITE)
-                n = MAX_WRITE;
-            if (n == 0)
-                goto out;
-            int more = c->body_off + n < site_len || c->pending > 1;
-            err_t e;
-            /* Body bytes are static (in the image): reference, don't copy. */
-            while ((e = tcp_write(pcb, site_body + c->body_off, (u16_t)n,
-                                  more ? TCP_WRITE_FLAG_MORE : 0)) == ERR_MEM &&
-                   n > TCP_MSS)
-                n /= 2;
-            if (e == ERR_MEM)
-                goto out; /* out of pbufs/segments: resume from sent/poll */
-            if (e != ERR_OK) {
-                conn_free(c);
-                tcp_abort(pcb);
-                return ERR_ABRT;
-            }
-            c->body_off += n;
-        }
-        c->head_sent = 0;
-        c->body_off = 0;
-        c->pending--;
-        responses++;
     }
-out:
-    tcp_output(pcb);
-    if ((c->peer_closed || c->closing) && !c->pending)
-        return conn_close(c);
+    r->n = 0;
+    h->seg = 0;
+    responses++;
+    return 1;
+}
+
+/* Answer whatever can be answered now; returns ERR_ABRT if the pcb is gone. */
+static err_t pump(struct hconn *h)
+{
+    struct core_conn *c = &h->core;
+    uint64_t now = now_ms();
+    for (;;) {
+        if (c->resp.n) {
+            int w = write_resp(h);
+            if (w < 0)
+                return ERR_ABRT;
+            if (w == 0)
+                break;
+            continue;
+        }
+        if (core_done(c)) {
+            tcp_output(h->pcb);
+            return close_conn(h);
+        }
+        if (core_next(c, now))
+            continue;
+        if (core_done(c))
+            continue;
+        if (h->in && core_wants_input(c)) {
+            size_t k = core_take(c, h->in->payload, h->in->len);
+            if (k) {
+                tcp_recved(h->pcb, (u16_t)k);
+                h->in = pbuf_free_header(h->in, (u16_t)k);
+                continue;
+            }
+        }
+        if (!h->in && h->peer_eof && !c->eof) {
+            core_eof(c);
+            continue;
+        }
+        break;
+    }
+    tcp_output(h->pcb);
     return ERR_OK;
+}
+
+static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
+{
+    struct hconn *h = arg;
+    if (!h || h->closing) {
+        if (p) {
+            tcp_recved(pcb, p->tot_len);
+            pbuf_free(p);
+        }
+        return ERR_OK;
+    }
+    if (err != ERR_OK) { /* lwIP never passes anything else here in 2.1; keep it safe */
+        if (p)
+            pbuf_free(p);
+        return ERR_OK;
+    }
+    if (!p) {
+        h->peer_eof = 1;
+        return pump(h);
+    }
+    if (h->in)
+        pbuf_cat(h->in, p);
+    else
+        h->in = p;
+    return pump(h);
 }
 
 static err_t on_sent(void *arg, struct tcp_pcb *pcb, u16_t len)
 {
     (void)pcb;
     (void)len;
-    struct conn *c = arg;
-    return c ? send_pending(c) : ERR_OK;
+    struct hconn *h = arg;
+    if (!h || h->closing)
+        return ERR_OK;
+    core_sent(&h->core, now_ms());
+    return pump(h);
 }
 
 static err_t on_poll(void *arg, struct tcp_pcb *pcb)
 {
-    (void)pcb;
-    struct conn *c = arg;
-    return c ? send_pending(c) : ERR_OK;
+    struct hconn *h = arg;
+    if (!h)
+        return ERR_OK;
+    if (h->closing) {
+        if (finish(pcb) == ERR_OK) {
+            detach(pcb);
+            release(h);
+        }
+        return ERR_OK;
+    }
+    int writing = h->core.resp.n || pcb->unsent || pcb->unacked;
+    if (core_tick(&h->core, now_ms(), writing))
+        return writing ? abort_conn(h) : close_conn(h); /* a reader that takes nothing is dropped */
+    return pump(h); /* a 408, or output that ERR_MEM held back */
 }
 
 static void on_err(void *arg, err_t err)
 {
     (void)err;
-    struct conn *c = arg;
-    if (c)
-        conn_free(c); /* pcb already freed by lwIP */
-}
-
-static int lower(int ch)
-{
-    return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch;
-}
-
-static void end_of_line(struct conn *c)
-{
-    size_t n = c->line_len < sizeof c->line ? c->line_len : sizeof c->line;
-    if (c->line_no == 0) {
-        c->http10 = c->line_len >= 8 && memcmp(c->tail, "http/1.0", 8) == 0;
-    } else if (n >= 11 && memcmp(c->line, "connection:", 11) == 0) {
-        for (size_t i = 11; i + 5 <= n; i++) {
-            if (memcmp(c->line + i, "close", 5) == 0)
-                c->conn_hdr = -1;
-            else if (i + 10 <= n && memcmp(c->line + i, "keep-alive", 10) == 0)
-                c->conn_hdr = 1;
-        }
+    struct hconn *h = arg;
+    if (h) { /* the pcb is already freed by lwIP */
+        if (h->in)
+            pbuf_free(h->in);
+        h->in = NULL;
+        release(h);
     }
-    if (c->line_no < 255)
-        c->line_no++;
-    c->line_len = 0;
-}
-
-/* Feed one request byte; counts complete heads (terminated by CRLFCRLF). */
-static void scan_byte(struct conn *c, uint8_t ch)
-{
-    if (ch == '\r') {
-        c->match = c->match == 2 ? 3 : 1;
-        return;
-    }
-    if (ch == '\n' && (c->match == 1 || c->match == 3)) {
-        if (c->match == 1) {
-            c->match = 2;
-            end_of_line(c);
-            return;
-        }
-        /* end of head */
-        c->match = 0;
-        c->pending++;
-        if (c->conn_hdr < 0 || (c->http10 && c->conn_hdr <= 0))
-            c->closing = 1; /* answer this one, then close; ignore the rest */
-        c->line_no = 0;
-        c->line_len = 0;
-        c->http10 = 0;
-        c->conn_hdr = 0;
-        return;
-    }
-    c->match = 0;
-    if (c->line_len < sizeof c->line)
-        c->line[c->line_len] = (char)lower(ch);
-    memmove(c->tail, c->tail + 1, sizeof c->tail - 1);
-    c->tail[sizeof c->tail - 1] = (char)lower(ch);
-    if (c->line_len < 255)
-        c->line_len++;
-}
-
-static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
-{
-    struct conn *c = arg;
-    if (!c) {
-        if (p)
-            pbuf_free(p);
-        tcp_abort(pcb);
-        return ERR_ABRT;
-    }
-    if (!p) {
-        c->peer_closed = 1;
-        return send_pending(c);
-    }
-    if (err != ERR_OK) {
-        pbuf_free(p);
-        return err;
-    }
-    if (c->pending >= MAX_PENDING)
-        return ERR_MEM; /* lwIP keeps the data and re-delivers it later */
-    for (struct pbuf *q = p; q && !c->closing; q = q->next) {
-        const uint8_t *s = q->payload;
-        for (u16_t i = 0; i < q->len && !c->closing; i++)
-            scan_byte(c, s[i]);
-    }
-    tcp_recved(pcb, p->tot_len);
-    pbuf_free(p);
-    return send_pending(c);
 }
 
 static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
@@ -267,32 +262,97 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     (void)arg;
     if (err != ERR_OK || !pcb)
         return ERR_VAL;
-    struct conn *c = NULL;
-    for (int i = 0; i < MAX_CONNS; i++) {
+    struct hconn *h = NULL;
+    for (int i = 0; i < HTTP_CONNS; i++) {
         if (!conns[i].used) {
-            c = &conns[i];
+            h = &conns[i];
             break;
         }
     }
-    if (!c) {
+    if (!h) { /* cannot happen (a slot per PCB), but never crash on it */
         tcp_abort(pcb);
         return ERR_ABRT;
     }
-    c->used = 1;
-    c->pcb = pcb;
-    tcp_arg(pcb, c);
+    h->used = 1;
+    h->pcb = pcb;
+    h->in = NULL;
+    h->seg = 0;
+    h->seg_off = 0;
+    h->peer_eof = 0;
+    h->closing = 0;
+    open_conns++;
+    core_connect(&h->core, now_ms(), open_conns); /* over the limit: a 503 to write */
+    tcp_arg(pcb, h);
     tcp_recv(pcb, on_recv);
     tcp_sent(pcb, on_sent);
     tcp_err(pcb, on_err);
     tcp_poll(pcb, on_poll, POLL_INTERVAL);
     tcp_nagle_disable(pcb);
-    return ERR_OK;
+    err_t e = pump(h);
+    return e == ERR_ABRT ? ERR_ABRT : ERR_OK;
 }
 
-void http_init(const uint8_t *body, size_t len)
+/* "orisha.NAME=VALUE" on the kernel command line: a decimal, maybe with a fraction. */
+static int option(const char *name, uint64_t scale, uint64_t *out)
 {
-    site_body = body;
-    site_len = len;
+    const char *cmd = platform_cmdline();
+    size_t n = strlen(name);
+    for (const char *p = cmd; *p; p++) {
+        if ((p != cmd && p[-1] != ' ') || strncmp(p, "orisha.", 7) != 0 ||
+            strncmp(p + 7, name, n) != 0 || p[7 + n] != '=')
+            continue;
+        const char *v = p + 8 + n;
+        uint64_t whole = 0, frac = 0, div = 1;
+        int digits = 0;
+        while (*v >= '0' && *v <= '9' && whole < (1ull << 40))
+            whole = whole * 10 + (uint64_t)(*v++ - '0'), digits++;
+        if (*v == '.')
+            for (v++; *v >= '0' && *v <= '9'; v++)
+                if (div < 1000000)
+                    frac = frac * 10 + (uint64_t)(*v - '0'), div *= 10, digits++;
+        if (!digits || (*v && *v != ' ')) {
+            platform_printf("orisha: ignoring malformed option orisha.%s\n", name);
+            return 0;
+        }
+        *out = whole * scale + frac * scale / div;
+        return 1;
+    }
+    return 0;
+}
+
+static void limits_from_cmdline(void)
+{
+    struct core_limits *l = &core_limits;
+    uint64_t v;
+    if (option("idle_timeout", 1000, &v))
+        l->idle_ms = v;
+    if (option("head_timeout", 1000, &v))
+        l->head_ms = v;
+    if (option("send_timeout", 1000, &v))
+        l->send_ms = v;
+    if (option("body_limit", 1, &v))
+        l->body = v;
+    if (option("max_connections", 1, &v))
+        l->connections = v > 0xffffffffu ? 0xffffffffu : (uint32_t)v;
+    /* The buffers are sized at compile time: larger limits are clamped (and said so). */
+    if (option("head_limit", 1, &v))
+        l->head = v > CORE_HEAD_MAX ? CORE_HEAD_MAX : (uint32_t)v;
+    if (option("target_limit", 1, &v))
+        l->target = v > CORE_TARGET_MAX ? CORE_TARGET_MAX : (uint32_t)v;
+    if (l->head < 16)
+        l->head = 16;
+    if (platform_verbose())
+        platform_printf("orisha: limits head %u target %u body %lu idle %lu ms head %lu ms "
+                        "send %lu ms connections %u (slots %d)\n",
+                        l->head, l->target, (unsigned long)l->body, (unsigned long)l->idle_ms,
+                        (unsigned long)l->head_ms, (unsigned long)l->send_ms, l->connections,
+                        HTTP_CONNS);
+}
+
+void http_init(const uint8_t *image, size_t len)
+{
+    uint32_t routes = core_init(image, len);
+    limits_from_cmdline();
     struct tcp_pcb *pcb = tcp_new();
     ASSERT(pcb);
     err_t e = tcp_bind(pcb, IP_ANY_TYPE, HTTP_PORT);
@@ -302,5 +362,10 @@ void http_init(const uint8_t *body, size_t len)
     ASSERT(pcb);
     tcp_accept(pcb, on_accept);
     if (platform_verbose())
-        platform_printf("orisha: http listening on port %d\n", HTTP_PORT);
+        platform_printf("orisha: http listening on port %d, %u routes\n", HTTP_PORT, routes);
+}
+
+uint64_t http_responses(void)
+{
+    return responses;
 }

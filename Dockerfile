@@ -1,0 +1,22 @@
+# The Orisha container image: FROM scratch, exactly one static executable.
+#
+#   orisha build SITE --target container -o OUT     # OUT/orisha, OUT/rootfs/tmp/ (empty, 1777)
+#   docker build -f Dockerfile -t my-site OUT       # the build context is OUT, not the repo
+#   docker run --rm -p 127.0.0.1:8080:8080 my-site  # PORT, HOST, WORKERS or --port ... to configure
+#
+# No base image is pulled. The executable carries Python, Orisha, the build's loop and the
+# compiled site (README "Container"); /tmp must be writable and exec-allowed because the
+# frozen interpreter unpacks there at start (with --read-only, add
+# --tmpfs /tmp:rw,exec,nosuid,nodev,size=64m). OUT/.dockerignore keeps the context to
+# these two entries. With registry access, a multi-stage build works too (README).
+FROM scratch
+COPY orisha /orisha
+# rootfs/ holds only an empty tmp/ of mode 1777. Copying the directory's contents keeps the
+# context's modes (`COPY tmp /tmp` would not), so /tmp arrives world-writable and sticky
+# without a shell or RUN.
+COPY rootfs/ /
+ENV PORT=8080
+EXPOSE 8080
+USER 65534:65534
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/orisha"]

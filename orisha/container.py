@@ -1,0 +1,227 @@
+"""The container executable's entry point: serve the build appended to this very file.
+
+Strategy: ``orisha build SITE --target container`` (orisha/embed/container.py)
+freezes this module, Orisha's run-time code and the build's loop into one static
+executable (PyInstaller + staticx) and appends the build to its end::
+
+    [static ELF][zero pad][site.blob, page-aligned][site code (.pyc)][site.py][manifest][trailer]
+
+The trailer (last ``TRAILER.size`` bytes: magic and the offset and size of each
+part) lets start-up find the parts with two reads. The generated module is
+exec'd from its byte-compiled form (its source when the Python differs) and its
+blob is mapped straight out of the executable: nothing is unpacked. staticx runs
+the program from a copy in a temporary folder and names the original in
+``$STATICX_PROG_PATH``; without staticx (tests, a plain PyInstaller build) the
+executable is ``sys.executable``.
+
+Only the run-time path is imported here: never click, the build step or the
+compressors, so start-up stays a few tens of milliseconds of Python.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+
+MAGIC = b"ORISHA\x00\x01"
+# magic, then (offset, size) of: blob, code (.pyc bytes), source, manifest.json
+TRAILER = struct.Struct("<8s8Q")
+PARTS = ("blob", "code", "source", "manifest")
+
+
+class Embedded:
+    """Where the parts of the appended build are in the executable."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < TRAILER.size:
+                raise ValueError(f"{path}: no Orisha build appended (file too small)")
+            f.seek(size - TRAILER.size)
+            magic, *fields = TRAILER.unpack(f.read(TRAILER.size))
+            if magic != MAGIC:
+                raise ValueError(f"{path}: no Orisha build appended (run `orisha build SITE "
+                                 "--target container -o OUT`)")
+            self.spans = {name: (fields[2 * i], fields[2 * i + 1]) for i, name in enumerate(PARTS)}
+            for name, (off, n) in self.spans.items():
+                if off + n > size - TRAILER.size:
+                    raise ValueError(f"{path}: the appended build is truncated ({name})")
+            self.code = self._read(f, "code")
+            self.manifest = self._read(f, "manifest")
+
+    def _read(self, f, name: str) -> bytes:
+        off, n = self.spans[name]
+        f.seek(off)
+        return f.read(n)
+
+    def source(self) -> bytes:
+        with open(self.path, "rb") as f:
+            return self._read(f, "source")
+
+
+def executable() -> str:
+    """The file the build is appended to (the original, not staticx's temporary copy)."""
+    return os.environ.get("STATICX_PROG_PATH") or sys.executable
+
+
+def load_site(path: str | None = None):
+    """Run the appended build's generated module and return its ``Site``."""
+    import marshal
+    import types
+    from importlib.util import MAGIC_NUMBER
+    emb = Embedded(path or executable())
+    module = types.ModuleType("orisha_site")
+    # The generated source was rewritten at build time to map its blob from ``__file__``
+    # at the blob's offset (orisha.blob.open_blob with ``offset``).
+    module.__file__ = emb.path
+    if emb.code[:4] == MAGIC_NUMBER:
+        code = marshal.loads(memoryview(emb.code)[16:])
+    else:  # a different Python than the one that built the executable: compile the source
+        code = compile(emb.source(), "site.py", "exec", dont_inherit=True)
+    exec(code, module.__dict__)
+    return module.SITE
+
+
+def _parser():
+    import argparse
+
+    from .core.connection import Limits
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="orisha", description="Serve the static site built into this executable.")
+    p.add_argument("--host", default=env("HOST", "0.0.0.0"),
+                   help="Address to listen on [$HOST, default 0.0.0.0].")
+    p.add_argument("--port", type=int, default=int(env("PORT", "8080")),
+                   help="Port to listen on [$PORT, default 8080].")
+    p.add_argument("--workers", type=int, default=int(env("WORKERS", "0")) or None,
+                   help="Worker processes [$WORKERS, default one per core].")
+    p.add_argument("--loop", help="Override the loop recorded in the build.")
+    d = Limits()
+    for name, attr, kind in [
+            ("max-connections", "connections", int), ("head-limit", "head", int),
+            ("target-limit", "target", int), ("body-limit", "body", int),
+            ("idle-timeout", "idle_timeout", float), ("head-timeout", "head_timeout", float),
+            ("send-timeout", "send_timeout", float), ("pipeline", "pipeline", int),
+            ("grace", "grace", float)]:
+        p.add_argument(f"--{name}", dest=attr, type=kind, default=getattr(d, attr),
+                       help=f"default {getattr(d, attr)} (see `orisha serve --help`)")
+    p.add_argument("--info", action="store_true",
+                   help="Print the embedded build's manifest and exit.")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "-c":
+        # The frozen executable is also ``sys.executable``: the io_uring probe in
+        # orisha/loops runs ``sys.executable -c CODE`` in a child. Behave like python -c.
+        sys.argv = ["-c", *argv[2:]]
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        return 0
+    args = _parser().parse_args(argv)
+    from .core.connection import Limits
+    from .server import ServeError, run
+    try:
+        if args.info:
+            sys.stdout.write(Embedded(executable()).manifest.decode())
+            return 0
+        site = load_site()
+    except (OSError, ValueError, SyntaxError) as e:
+        print(f"orisha: error: cannot load the embedded build: {e}", file=sys.stderr)
+        return 1
+    limits = Limits(**{k: getattr(args, k) for k in Limits.__slots__})
+    from . import loops
+    # orisha.loops probes io_uring by running ``sys.executable -c`` — here that is this
+    # frozen program again (unpacking, start-up: ~0.7 s). Probe in a forked child instead.
+    loops.io_uring_problem = _io_uring_problem
+    try:
+        code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
+                   limits=limits)
+    except ServeError as e:
+        print(f"orisha: error: {e}", file=sys.stderr)
+        return 1
+    drain(args.port, limits.grace)
+    return code
+
+
+_PROBED: list = []
+
+
+def _io_uring_problem() -> str | None:
+    """orisha.loops.io_uring_problem for the frozen program: the same probe, in a forked
+    child (a liburing that dies with SIGILL, or a kernel or seccomp that refuses
+    io_uring_setup, shows as the child's status), and once per process."""
+    if _PROBED:
+        return _PROBED[0]
+    if os.path.exists("/proc/sys/kernel/io_uring_disabled"):
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            if f.read().strip() == "2":
+                _PROBED.append("disabled by sysctl kernel.io_uring_disabled=2")
+                return _PROBED[0]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            import liburing as L
+            ring = L.io_uring()
+            L.io_uring_queue_init(8, ring)
+            L.io_uring_queue_exit(ring)
+        except BaseException as e:
+            os.write(w, f"{type(e).__name__}: {e}".encode()[:500])
+            code = 1
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        message = f.read().decode(errors="replace")
+    status = os.waitpid(pid, 0)[1]
+    if os.WIFSIGNALED(status):
+        import signal
+        message = f"the liburing probe was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    elif os.waitstatus_to_exitcode(status):
+        message = message or f"the liburing probe exited with {os.waitstatus_to_exitcode(status)}"
+    _PROBED.append(message or None)
+    return _PROBED[0]
+
+
+# /proc/net/tcp states of a connection whose peer may still be receiving: ESTABLISHED,
+# FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK, CLOSING.
+_OPEN = {"01", "04", "05", "08", "09", "0B"}
+
+
+def _open_connections(port: int) -> int:
+    """Connections on ``port`` (this network namespace) not yet closed by their peer."""
+    n = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] in _OPEN:
+                n += 1
+    return n
+
+
+def drain(port: int, grace: float) -> None:
+    """Wait (up to ``grace`` s) until the peers of the served port have closed.
+
+    A worker that finished its responses has handed the last bytes to the kernel,
+    closed and exited, but its peer may not have them yet. In a container that
+    data dies with the network namespace when the program exits — and docker's
+    port proxy acknowledges bytes before its client has them, so an empty send
+    queue proves nothing. A peer's close does: docker-proxy closes towards the
+    container only once its client has closed. So exit waits for the connections
+    of the served port (read from /proc/net/tcp) to be closed from the other end."""
+    import time
+    deadline = time.monotonic() + grace
+    while port and _open_connections(port) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The container target for the test suite: build, `docker build`, `docker run`.
+
+``start(site_dir, build_opts, limit_opts)`` builds the site with
+``orisha build --target container`` (once per option set, in a temporary folder),
+builds the FROM-scratch image from the top-level Dockerfile, runs it as uid 65534
+publishing on 127.0.0.1 only (a port docker picks), waits for the first response
+and returns a handle with ``.port``, ``.line`` (the start-up line from
+``docker logs``), ``.container`` and ``.stop()``.
+
+``ensure_docker()`` starts dockerd when ``docker info`` fails (``./dev test`` does it
+first; this covers running pytest by hand); it skips when docker is not installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCKERFILE = os.path.join(ROOT, "Dockerfile")
+_WORK = tempfile.mkdtemp(prefix="orisha-container-tests-")
+_built: dict[tuple, tuple[str, str]] = {}
+
+
+def docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode:
+        raise RuntimeError(f"docker {' '.join(args[:3])} failed ({r.returncode}): {r.stderr.strip()}")
+    return r
+
+
+def ensure_docker() -> None:
+    import pytest
+    if shutil.which("docker") is None:
+        pytest.skip("docker is not installed (apt-get install docker.io; ./dev test does)")
+    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        return
+    if shutil.which("dockerd") is None:
+        pytest.skip("dockerd is not installed")
+    log = open(os.path.join(_WORK, "dockerd.log"), "ab")
+    subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["docker", "info"], capture_output=True).returncode:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"dockerd did not come up; see {log.name}")
+        time.sleep(0.5)
+
+
+def build(site_dir: str, build_opts: list[str]) -> tuple[str, str]:
+    """(build folder, image tag) for the site with these options; built once per session."""
+    key = (site_dir, tuple(build_opts))
+    if key not in _built:
+        ensure_docker()
+        h = hashlib.blake2b(repr(key).encode(), digest_size=6).hexdigest()
+        out = os.path.join(_WORK, h)
+        r = subprocess.run([sys.executable, "-m", "orisha.cli", "build", site_dir, "-o", out,
+                            "--target", "container", *build_opts],
+                           capture_output=True, text=True, cwd=ROOT, timeout=1200)
+        if r.returncode:
+            raise RuntimeError(f"orisha build --target container failed: {r.stderr}")
+        tag = f"orisha-test-{h}:{os.getpid()}"
+        docker("build", "-q", "-f", DOCKERFILE, "-t", tag, out)
+        _built[key] = (out, tag)
+    return _built[key]
+
+
+def _first_response(port: int, deadline: float) -> None:
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"HEAD / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                if s.recv(16).startswith(b"HTTP/1.1 "):
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the container did not answer within 30 s")
+        time.sleep(0.005)
+
+
+class Container:
+    def __init__(self, tag: str, args: list[str], user: str = "65534") -> None:
+        started = time.monotonic()
+        self.container = docker("run", "-d", "--rm", "-p", "127.0.0.1:0:8080", "--user", user,
+                                tag, *args).stdout.strip()
+        try:
+            out = docker("port", self.container, "8080/tcp").stdout.split()
+            self.port = int(out[0].rsplit(":", 1)[1])
+            _first_response(self.port, time.monotonic() + 30)
+        except BaseException:
+            self.logs = docker("logs", self.container, check=False)
+            docker("rm", "-f", self.container, check=False)
+            raise RuntimeError(f"container failed: {self.logs.stdout}{self.logs.stderr}")
+        self.startup = time.monotonic() - started  # docker run → first response
+        self.line = (self.logs()[0].splitlines() or [""])[0]
+        self.stopped = None
+
+    def logs(self) -> tuple[str, str]:
+        r = docker("logs", self.container, check=False)
+        return r.stdout, r.stderr
+
+    def stop(self, timeout: float = 10, check: bool = True) -> float:
+        """docker stop; returns how long it took (SIGTERM → exit, not the SIGKILL fallback)."""
+        if self.stopped is None:
+            t = time.monotonic()
+            docker("stop", "-t", str(int(timeout)), self.container, timeout=timeout + 30)
+            self.stopped = time.monotonic() - t
+            assert not check or self.stopped < timeout - 1, f"docker stop took {self.stopped:.1f}s (SIGKILLed?)"
+        return self.stopped
+
+    # The conftest teardown calls .proc.kill() if .stop() raised.
+    @property
+    def proc(self):
+        return self
+
+    def kill(self) -> None:
+        docker("rm", "-f", self.container, check=False)
+
+
+@atexit.register
+def _cleanup() -> None:
+    for _, tag in _built.values():
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+    shutil.rmtree(_WORK, ignore_errors=True)
+
+
+def start(site_dir: str, build_opts: list[str], limit_opts: list[str], args=()) -> Container:
+    _, tag = build(site_dir, build_opts)
+    return Container(tag, [*limit_opts, "--workers", "2", *args])
+
+
+def measure(tags: list[str], rounds: int) -> None:
+    """Interleaved rounds over ``tags``: docker run → first response, the CPU the container
+    used up to then (cgroup v1 cpuacct; does not depend on how busy the host is), docker stop."""
+    results = {t: {"run": [], "cpu": [], "stop": []} for t in tags}
+    for _ in range(rounds):
+        for tag in tags:
+            t = time.monotonic()
+            c = Container(tag, [])
+            cpu = f"/sys/fs/cgroup/cpuacct/docker/{c.container}/cpuacct.usage"
+            results[tag]["run"].append(time.monotonic() - t)
+            if os.path.exists(cpu):
+                with open(cpu) as f:
+                    results[tag]["cpu"].append(int(f.read()) / 1e9)
+            results[tag]["stop"].append(c.stop(check=False))
+            time.sleep(0.2)
+    for tag, m in results.items():
+        size = json.loads(docker("image", "inspect", tag).stdout)[0]["Size"]
+        print(f"{tag}: image {size:,} B")
+        for what, xs in m.items():
+            if xs:
+                xs = sorted(xs)
+                print(f"  {what:5} min {xs[0] * 1000:4.0f}  median {xs[len(xs) // 2] * 1000:4.0f}  "
+                      f"max {xs[-1] * 1000:4.0f} ms")
+
+
+if __name__ == "__main__":
+    # python tests/container_target.py ROUNDS TAG...   (the README's start-up figures)
+    measure(sys.argv[2:], int(sys.argv[1]))

@@ -1,0 +1,247 @@
+"""The unikernel target end to end: build an image, boot it under QEMU, serve, stop.
+
+The conformance suite runs against the booted image too (loop id
+``unikernel``); this file covers what is particular to it: the boot command's
+life cycle, the image's size, the real site from the image in every encoding,
+and failures that must read as one line with the serial log shown.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import brotli
+import pytest
+import zstandard
+from conftest import DEMO, ROOT, orisha
+from httpraw import Conn
+from unikernel_target import Booted
+
+from orisha.server import load_site
+
+REAL = "/usr/share/doc/postgresql-doc-15/html"
+DECODE = {b"identity": lambda b: b, b"gzip": gzip.decompress, b"br": brotli.decompress,
+          b"zstd": lambda b: zstandard.ZstdDecompressor().decompressobj().decompress(b)}
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
+                                reason="apt-get install qemu-system-x86")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("uk") / "demo")
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_boot_serve_and_stop(image):
+    started = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "boot", image, "--port", "0",
+                          "--workers", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=ROOT)
+    try:
+        line = p.stdout.readline()
+        m = re.fullmatch(r"orisha: serving http://127\.0\.0\.1:(\d+)/ \(loop unikernel, 1 worker, "
+                         r"pid (\d+)\): 14 files, .*\n", line)
+        assert m, (line, p.stderr.read() if p.poll() is not None else "")
+        assert int(m.group(2)) == p.pid
+        assert time.monotonic() - started < 30
+        c = Conn(int(m.group(1)))
+        r = c.request("/")
+        assert r.status == 200 and r.body == open(os.path.join(DEMO, "index.html"), "rb").read()
+        c.close()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=20)
+        assert p.returncode == 0, err
+        assert "orisha: serving http on port 80" in err  # the serial log streams to stderr
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_image_size_excluding_site_bytes(image):
+    m = json.load(open(os.path.join(image, "manifest.json")))
+    assert m["generator"] == "orisha" and m["loop"] == "unikernel" and m["image"] == "orisha.img"
+    size = os.path.getsize(os.path.join(image, "orisha.img"))
+    assert m["image_bytes"] == size
+    assert m["kernel_bytes"] == size - m["site_image_bytes"]
+    print(f"\nimage {size:,} bytes = kernel {m['kernel_bytes']:,} + site image {m['site_image_bytes']:,}")
+    assert m["kernel_bytes"] < 256 * 1024
+
+
+def test_serve_on_an_image_boots_it(image):
+    p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "serve", image, "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = p.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/ \(loop unikernel,", line)
+        assert m, line
+        assert Conn(int(m.group(1))).request("/css/site.css").status == 200
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=20)
+        assert p.returncode == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _corrupt_copy(image: str, tmp_path) -> str:
+    bad = str(tmp_path / "bad")
+    shutil.copytree(image, bad)
+    kernel = open(os.path.join(bad, "orisha.img"), "rb").read()
+    site = open(os.path.join(bad, "site.img"), "rb").read()
+    at = kernel.find(site[:64])
+    assert at > 0
+    with open(os.path.join(bad, "orisha.img"), "r+b") as f:
+        f.seek(at)
+        f.write(b"XXXX")  # the site image's magic
+    return bad
+
+
+def test_failed_boot_shows_the_serial_log_and_one_line(image, tmp_path):
+    bad = _corrupt_copy(image, tmp_path)
+    r = orisha("boot", bad, "--port", "0", timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "PANIC at src/core.c" in r.stderr and "bad magic" in r.stderr  # the serial log
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("orisha: error: the kernel stopped during boot: PANIC at src/core.c") and "bad magic" in last
+    assert "Traceback" not in r.stderr
+
+
+def test_not_an_image_is_a_one_line_error(image, tmp_path):
+    bad = str(tmp_path / "junk")
+    shutil.copytree(image, bad)
+    open(os.path.join(bad, "orisha.img"), "wb").write(b"not an elf")
+    r = orisha("boot", bad, "--port", "0", timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"orisha: error: {os.path.join(bad, 'orisha.img')}: not a 32-bit ELF kernel image (rebuild it)"]
+    r = orisha("boot", DEMO, "--port", "0")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not os.path.isdir(REAL), reason="apt-get install postgresql-doc-15 (.ci/run does)")
+def test_real_site_from_the_image_byte_identical_in_every_encoding(tmp_path):
+    out = str(tmp_path / "pg")
+    r = orisha("build", REAL, "-o", out, "--loop", "unikernel")
+    assert r.returncode == 0, r.stderr
+    site = load_site(out)  # the same build's Python module: the expected responses
+    files = sorted(os.path.relpath(os.path.join(d, n), REAL)
+                   for d, _, names in os.walk(REAL) for n in names)
+    assert len(files) > 1000
+    s = Booted(out, [])
+    try:
+        c = Conn(s.port)
+        checked = {b"identity": 0, b"gzip": 0, b"br": 0, b"zstd": 0}
+        for rel in files:
+            data = open(os.path.join(REAL, rel), "rb").read()
+            path = "/" + rel
+            entry = site.routes[path.encode()]
+            for v in entry.variants:
+                r = c.request(path, headers={"Accept-Encoding": v.coding.decode()})
+                assert r.status == 200, path
+                assert r.body == bytes(v.body) and DECODE[v.coding](r.body) == data, (path, v.coding)
+                checked[v.coding] += 1
+            best = c.request(path, headers={"Accept-Encoding": "gzip, deflate, br, zstd"})
+            assert len(best.body) == min(v.length for v in entry.variants)
+            assert c.request(path, headers={"If-None-Match": best.h("etag"),
+                                            "Accept-Encoding": "gzip, deflate, br, zstd"}).status == 304
+            h = c.request(path, method="HEAD")
+            assert h.status == 200 and int(h.h("content-length")) == len(data)
+            if data:
+                r = c.request(path, headers={"Range": "bytes=-100", "Accept-Encoding": "br"})
+                assert r.status == 206 and r.body == data[-100:]
+        assert all(checked.values()), checked
+        assert checked[b"identity"] == len(files)
+    finally:
+        assert s.stop() == 0
+
+
+# -- the C core against its specification, the Python core -----------------------
+
+def _heads(site, n: int, seed: int = 9112) -> list[bytes]:
+    """Request streams mixing every feature and malformation the cores interpret."""
+    import random
+    from orisha.core.dates import format_http_date
+    rnd = random.Random(seed)
+    css = site.routes[b"/css/site.css"]
+    big = site.routes[b"/files/big.txt"]
+    tags = [v.etag.decode() for e in (css, big) for v in e.variants]
+    lm = css.last_modified
+    dates = [format_http_date(lm).decode(), format_http_date(lm - 1).decode(),
+             time.strftime("%A, %d-%b-%y %H:%M:%S GMT", time.gmtime(lm)),
+             time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(lm)),
+             "Thu, 01 Jan 1970 00:00:00 GMT", "yesterday", "Sun, 06 Nov 99999 08:49:37 GMT",
+             "Sunday, 06-Nov-94 08:49:61 GMT", "Sun Nov  6 08:49:37 -1994"]
+    methods = ["GET"] * 6 + ["HEAD"] * 2 + ["POST", "OPTIONS", "get", "BREW", "G(T", "CONNECT"]
+    targets = ["/", "/css/site.css", "/files/big.txt", "/img/pixel.png", "/docs", "/docs?a=1&b",
+               "/docs/", "/docs/guide/getting-started", "/%2e%2e/css/site.css", "//css//site.css",
+               "/files/caf%C3%A9%20men%C3%BC.txt", "/a/../docs/./", "/docs/..", "/%zz", "/a%00",
+               "/%41%", "http://x.org/css/site.css?q", "HTTPS://h", "http://h?x", "*", "x.org:80",
+               "/nope", "/css/site.css#f?x", "/files/empty.txt", "/index", "/docs/guide/"]
+    versions = ["HTTP/1.1"] * 8 + ["HTTP/1.0", "HTTP/1.7", "HTTP/2.0", "HTTP/1", "http/1.1"]
+    fields = [
+        lambda: "Accept-Encoding: " + rnd.choice([
+            "gzip", "br", "zstd", "gzip, br, zstd", "identity;q=0", "*;q=0", "*", "x-gzip",
+            "gzip;q=0.5, br;q=1.0000000000000001", "br;q=1.5", "gzip;q=-0", "zstd;q=1e-400",
+            "gzip;q=bogus", "gzip;q=0;q=1", "", " , br", "GZIP;Q=0.001", "*;q=0, identity",
+            "br;q=1_0", "gzip;q=.5", "identity;q=0, deflate", "zstd;q=1e0", "gzip;level=9"]),
+        lambda: "If-None-Match: " + rnd.choice(tags + ["*", f"W/{rnd.choice(tags)}", '"nope"',
+                                                         f'"x", {rnd.choice(tags)}', ""]),
+        lambda: "If-Modified-Since: " + rnd.choice(dates),
+        lambda: "Range: " + rnd.choice(["bytes=0-99", "bytes=-5", "bytes=5-", "bytes=1-0",
+                                         "bytes=99999999999999999999-1", "bytes=0-1,5-6",
+                                         "bytes = 3 - 4", "bytes=-0", "bytes=99999999-", "items=0-1",
+                                         "bytes=00000000000000000000000000001-2"]),
+        lambda: "If-Range: " + rnd.choice(tags + dates[:2]),
+        lambda: "Connection: " + rnd.choice(["close", "keep-alive", "Keep-Alive, x", "upgrade"]),
+        lambda: "Content-Length: " + rnd.choice(["0", "3", "abc", "99999999", "", "0003"]),
+        lambda: "Transfer-Encoding: " + rnd.choice(["chunked", "gzip, chunked", "gzip", "chunked, x"]),
+        lambda: rnd.choice(["X: a\x01b", "X : y", " folded", "Host: y", "NoColon", "X: a\rb",
+                            "X-Fine: \tvalue\t ", "X: \x80\xff"]),
+    ]
+    out = []
+    for _ in range(n):
+        data = b""
+        for _ in range(rnd.choice([1, 1, 1, 2, 3])):
+            end = "\r\n" if rnd.random() < 0.9 else "\n"
+            lines = [f"{rnd.choice(methods)} {rnd.choice(targets)} {rnd.choice(versions)}"]
+            if rnd.random() < 0.93:
+                lines.append("Host: x")
+            lines += [rnd.choice(fields)() for _ in range(rnd.randint(0, 5))]
+            rnd.shuffle(lines[1:])
+            data += (end.join(lines) + end + end).encode("latin-1")
+            if rnd.random() < 0.1:
+                data += b"abc"
+        out.append(data)
+    return out
+
+
+def test_the_c_core_answers_like_the_python_core(image):
+    """The same build served by the Python core (epoll) and booted: the same bytes but Date."""
+    from conftest import Server
+    from httpraw import exchange
+    from unikernel_target import Booted
+    site = load_site(image)
+    py = Server(image, "--loop", "epoll", "--workers", "1")
+    uk = Booted(image, [])
+    date = re.compile(rb"Date: [^\r\n]*\r\n")
+    try:
+        for i, data in enumerate(_heads(site, 400)):
+            want = date.sub(b"", exchange(py.port, data))
+            got = date.sub(b"", exchange(uk.port, data))
+            assert got == want, (i, data, want[:600], got[:600])
+    finally:
+        py.stop()
+        assert uk.stop() == 0

@@ -1,0 +1,1292 @@
+/*
+ * The request core: the C twin of orisha/core (connection.py, request.py,
+ * negotiate.py, dates.py). The Python code is the specification; comments
+ * below name the Python function each part mirrors, and where C has to work
+ * differently (no big integers, no floats, fixed buffers) they say how the
+ * result stays the same.
+ *
+ * Everything a response contains was decided by the build (the site image),
+ * so answering is: frame the head, parse it strictly, pick records, point
+ * segments at image bytes. Only the Date/Connection tail, a 206 status block
+ * and a redirect's query are formatted here.
+ */
+#include <string.h>
+#include "core.h"
+#include "platform.h"
+
+struct core_limits core_limits = {
+    .head = 8192, .target = 4096, .body = 1u << 20,
+    .idle_ms = 15000, .head_ms = 10000, .send_ms = 60000, .connections = 10000,
+};
+
+/* ---- the site image (orisha/embed/image.py) ------------------------------ */
+
+#define MAGIC 0x4953524fu
+#define NONE 0xffffffffu
+
+struct hdr {
+    uint32_t magic, version, size, n_routes, routes_off, n_entries, entries_off;
+    uint32_t not_found, fallback, errors_off, n_errors, reserved[5];
+};
+struct route { uint32_t key_off, key_len, kind, entry, loc_off, loc_len, tail_off, tail_len; };
+struct entry {
+    uint32_t lm_lo, lm_hi, flags, n_variants, identity, h416_off, h416_len, variants_off;
+    uint8_t choice[16];
+};
+struct variant {
+    uint32_t head_off, head_len, h304_off, h304_len, fields_off, fields_len;
+    uint32_t etag_off, etag_len, body_off, body_len;
+};
+struct error { uint32_t status, head_off, head_len, body_off, body_len; };
+
+_Static_assert(sizeof(struct hdr) == 64, "image header");
+_Static_assert(sizeof(struct route) == 32, "route record");
+_Static_assert(sizeof(struct entry) == 48, "entry record");
+_Static_assert(sizeof(struct variant) == 40, "variant record");
+_Static_assert(sizeof(struct error) == 20, "error record");
+
+static const uint8_t *img;
+static const struct hdr *H;
+static const struct route *routes;
+static const struct entry *entries;
+static const struct error *errors;
+
+static const struct entry *entry_at(uint32_t i)
+{
+    return &entries[i];
+}
+
+static const struct variant *variant_of(const struct entry *e, uint32_t i)
+{
+    return (const struct variant *)(img + e->variants_off) + i;
+}
+
+static void check_span(uint32_t off, uint32_t len, const char *what)
+{
+    if (len && ((uint64_t)off + len > H->size || off < sizeof(struct hdr)))
+        PANIC("site image: %s out of bounds (%u+%u)", what, off, len);
+}
+
+uint32_t core_init(const uint8_t *image, size_t len)
+{
+    /* The image was written by our own build, but a truncated or foreign blob
+     * must stop the boot with a clear line, not serve garbage. */
+    if (len < sizeof(struct hdr) || ((uintptr_t)image & 3))
+        PANIC("site image missing or misaligned (%zu bytes): build with orisha build --loop unikernel", len);
+    img = image;
+    H = (const struct hdr *)image;
+    if (H->magic != MAGIC)
+        PANIC("site image: bad magic %#x (not an orisha site image)", H->magic);
+    if (H->version != 1)
+        PANIC("site image: version %u, this kernel reads version 1", H->version);
+    if (H->size != len)
+        PANIC("site image: header says %u bytes, embedded %zu", H->size, len);
+    if ((uint64_t)H->routes_off + 32ull * H->n_routes > len ||
+        (uint64_t)H->entries_off + 48ull * H->n_entries > len ||
+        (uint64_t)H->errors_off + 20ull * H->n_errors > len ||
+        (H->routes_off | H->entries_off | H->errors_off) & 3)
+        PANIC("site image: tables out of bounds");
+    routes = (const struct route *)(image + H->routes_off);
+    entries = (const struct entry *)(image + H->entries_off);
+    errors = (const struct error *)(image + H->errors_off);
+    if (H->not_found >= H->n_entries || (H->fallback != NONE && H->fallback >= H->n_entries))
+        PANIC("site image: bad not-found/fallback entry");
+    /* Validate every record once at boot so the request path needs no checks. */
+    for (uint32_t i = 0; i < H->n_errors; i++) {
+        check_span(errors[i].head_off, errors[i].head_len, "error head");
+        check_span(errors[i].body_off, errors[i].body_len, "error body");
+    }
+    for (uint32_t i = 0; i < H->n_entries; i++) {
+        const struct entry *e = &entries[i];
+        if (!e->n_variants || e->identity >= e->n_variants || (e->variants_off & 3) ||
+            (uint64_t)e->variants_off + 40ull * e->n_variants > len)
+            PANIC("site image: bad entry %u", i);
+        for (int m = 0; m < 16; m++)
+            if (e->choice[m] != 0xff && e->choice[m] >= e->n_variants)
+                PANIC("site image: bad choice in entry %u", i);
+        check_span(e->h416_off, e->h416_len, "416 head");
+        for (uint32_t j = 0; j < e->n_variants; j++) {
+            const struct variant *v = variant_of(e, j);
+            check_span(v->head_off, v->head_len, "head");
+            check_span(v->h304_off, v->h304_len, "304 head");
+            check_span(v->fields_off, v->fields_len, "fields");
+            check_span(v->etag_off, v->etag_len, "etag");
+            check_span(v->body_off, v->body_len, "body");
+        }
+    }
+    for (uint32_t i = 0; i < H->n_routes; i++) {
+        const struct route *r = &routes[i];
+        check_span(r->key_off, r->key_len, "route key");
+        if (r->kind == 0 ? r->entry >= H->n_entries : r->kind != 1)
+            PANIC("site image: bad route %u", i);
+        check_span(r->loc_off, r->loc_len, "location");
+        check_span(r->tail_off, r->tail_len, "redirect tail");
+    }
+    static const uint32_t needed[] = { 400, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505 };
+    for (unsigned k = 0; k < sizeof needed / sizeof needed[0]; k++) {
+        uint32_t i = 0;
+        while (i < H->n_errors && errors[i].status != needed[k])
+            i++;
+        if (i == H->n_errors)
+            PANIC("site image: no %u response", needed[k]);
+    }
+    return H->n_routes;
+}
+
+static const struct error *error_for(uint32_t status)
+{
+    for (uint32_t i = 0; i < H->n_errors; i++)
+        if (errors[i].status == status)
+            return &errors[i];
+    PANIC("no error response %u", status); /* checked in core_init */
+}
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+struct str { const uint8_t *p; size_t n; };
+
+static const uint8_t *mem_chr(const uint8_t *p, int ch, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == (uint8_t)ch)
+            return p + i;
+    return NULL;
+}
+
+static int is_tchar(uint8_t ch)
+{
+    if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'))
+        return 1;
+    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
+static uint8_t lower(uint8_t ch)
+{
+    return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch;
+}
+
+static int is_ows(uint8_t ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+/* bytes.strip(): only SP and HT can occur in a validated field value. */
+static struct str strip(struct str s)
+{
+    while (s.n && is_ows(s.p[0]))
+        s.p++, s.n--;
+    while (s.n && is_ows(s.p[s.n - 1]))
+        s.n--;
+    return s;
+}
+
+static int eq(struct str s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.n == n && memcmp(s.p, lit, n) == 0;
+}
+
+static int ieq(struct str s, const char *lit) /* lit is lower case */
+{
+    size_t n = strlen(lit);
+    if (s.n != n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (lower(s.p[i]) != (uint8_t)lit[i])
+            return 0;
+    return 1;
+}
+
+static const uint8_t *find(const uint8_t *p, size_t n, const char *needle)
+{
+    size_t k = strlen(needle);
+    for (size_t i = 0; i + k <= n; i++)
+        if (p[i] == (uint8_t)needle[0] && memcmp(p + i, needle, k) == 0)
+            return p + i;
+    return NULL;
+}
+
+/* Python floor division (the date arithmetic must agree for negative years). */
+static int64_t fdiv(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* int(bytes) as Python parses it: sign, digits with single '_' between digits.
+ * Magnitudes saturate at 1e12: beyond it no date or range compares differently
+ * with anything a build can contain (callers note where). */
+#define BIG 1000000000000ll
+static int py_int(struct str s, int64_t *out)
+{
+    size_t i = 0;
+    int neg = 0;
+    if (i < s.n && (s.p[i] == '+' || s.p[i] == '-'))
+        neg = s.p[i++] == '-';
+    if (i >= s.n || s.p[i] < '0' || s.p[i] > '9')
+        return 0;
+    int64_t v = 0;
+    for (; i < s.n; i++) {
+        uint8_t ch = s.p[i];
+        if (ch == '_') {
+            if (i + 1 >= s.n || s.p[i + 1] < '0' || s.p[i + 1] > '9')
+                return 0;
+            continue;
+        }
+        if (ch < '0' || ch > '9')
+            return 0;
+        v = v * 10 + (ch - '0');
+        if (v > BIG)
+            v = BIG;
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+/* ---- dates.py ---------------------------------------------------------------- */
+
+static const char days_names[7][4] = { "Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed" };
+static const char month_names[12][4] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                         "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
+
+static int64_t days_from_civil(int64_t y, int64_t m, int64_t d)
+{
+    y -= m <= 2;
+    int64_t era = fdiv(y >= 0 ? y : y - 399, 400);
+    int64_t yoe = y - era * 400;
+    int64_t doy = fdiv(153 * (m + (m > 2 ? -3 : 9)) + 2, 5) + d - 1;
+    int64_t doe = yoe * 365 + fdiv(yoe, 4) - fdiv(yoe, 100) + doy;
+    return era * 146097 + doe - 719468;
+}
+
+/* format_http_date for the Date header: always the present, so no negatives. */
+static int format_http_date(char *out, uint64_t epoch)
+{
+    uint64_t days = epoch / 86400, secs = epoch % 86400;
+    int64_t z = (int64_t)days + 719468;
+    int64_t era = z / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t y = yoe + era * 400;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    int64_t d = doy - (153 * mp + 2) / 5 + 1;
+    int64_t m = mp < 10 ? mp + 3 : mp - 9;
+    return platform_snprintf(out, 40, "%s, %02d %s %04d %02d:%02d:%02d GMT",
+                             days_names[days % 7], (int)d, month_names[m - 1],
+                             (int)(m <= 2 ? y + 1 : y), (int)(secs / 3600),
+                             (int)(secs / 60 % 60), (int)(secs % 60));
+}
+
+static int clock_secs(struct str t, int64_t *out)
+{
+    if (t.n != 8 || t.p[2] != ':' || t.p[5] != ':')
+        return 0;
+    int v[3];
+    for (int k = 0; k < 3; k++) {
+        uint8_t a = t.p[3 * k], b = t.p[3 * k + 1];
+        if (a < '0' || a > '9' || b < '0' || b > '9')
+            return 0;
+        v[k] = (a - '0') * 10 + (b - '0');
+    }
+    if (v[0] > 23 || v[1] > 59 || v[2] > 60)
+        return 0;
+    *out = v[0] * 3600 + v[1] * 60 + (v[2] > 59 ? 59 : v[2]);
+    return 1;
+}
+
+static int epoch_of(int64_t y, struct str mon, int64_t d, struct str clock, int64_t *out)
+{
+    int m = 0;
+    for (int i = 0; i < 12; i++)
+        if (mon.n == 3 && memcmp(mon.p, month_names[i], 3) == 0)
+            m = i + 1;
+    int64_t secs;
+    if (!m || !clock_secs(clock, &secs) || d < 1 || d > 31)
+        return 0;
+    /* Years saturate at 1e9 (py_int saturates later still): the epoch stays in
+     * range and compares with any real mtime as Python's big integer would. */
+    if (y > 1000000000)
+        y = 1000000000;
+    if (y < -1000000000)
+        y = -1000000000;
+    *out = days_from_civil(y, m, d) * 86400 + secs;
+    return 1;
+}
+
+int core_parse_http_date(const uint8_t *p, size_t n, int64_t *out)
+{
+    struct str f[7];
+    int k = 0;
+    size_t i = 0;
+    for (;;) { /* value.strip().split() */
+        while (i < n && (is_ows(p[i]) || p[i] == '\r' || p[i] == '\n' || p[i] == 11 || p[i] == 12))
+            i++;
+        if (i >= n)
+            break;
+        if (k == 7)
+            return 0; /* more than six fields: no form matches */
+        size_t s = i;
+        while (i < n && !(is_ows(p[i]) || p[i] == '\r' || p[i] == '\n' || p[i] == 11 || p[i] == 12))
+            i++;
+        f[k].p = p + s;
+        f[k].n = i - s;
+        k++;
+    }
+    int64_t y, d;
+    if (k == 6 && f[0].p[f[0].n - 1] == ',' && eq(f[5], "GMT")) { /* IMF-fixdate */
+        if (f[1].n != 2 || f[3].n != 4)
+            return 0;
+        if (!py_int(f[3], &y) || !py_int(f[1], &d))
+            return 0;
+        return epoch_of(y, f[2], d, f[4], out);
+    }
+    if (k == 4 && f[0].p[f[0].n - 1] == ',' && eq(f[3], "GMT")) { /* RFC 850 */
+        const uint8_t *a = mem_chr(f[1].p, '-', f[1].n);
+        if (!a)
+            return 0;
+        const uint8_t *b = mem_chr(a + 1, '-', f[1].p + f[1].n - (a + 1));
+        if (!b || mem_chr(b + 1, '-', f[1].p + f[1].n - (b + 1)))
+            return 0;
+        struct str dd = { f[1].p, (size_t)(a - f[1].p) };
+        struct str mon = { a + 1, (size_t)(b - a - 1) };
+        struct str yy = { b + 1, (size_t)(f[1].p + f[1].n - b - 1) };
+        if (!py_int(yy, &y))
+            return 0;
+        if (yy.n == 2)
+            y += y >= 70 ? 1900 : 2000;
+        if (!py_int(dd, &d))
+            return 0;
+        return epoch_of(y, mon, d, f[2], out);
+    }
+    if (k == 5) { /* asctime */
+        if (!py_int(f[4], &y) || !py_int(f[2], &d))
+            return 0;
+        return epoch_of(y, f[1], d, f[3], out);
+    }
+    return 0;
+}
+
+/* ---- request.py: parse_head ----------------------------------------------------- */
+
+enum { F_HOST, F_CL, F_IMS, F_RANGE, F_IF_RANGE, F_SINGLE_N,
+       F_CONNECTION = F_SINGLE_N, F_TE, F_AE, F_INM, F_N };
+static const char *const field_names[F_N] = {
+    "host", "content-length", "if-modified-since", "range", "if-range",
+    "connection", "transfer-encoding", "accept-encoding", "if-none-match",
+};
+
+/* Lines and list-field occurrences of one head: sized for the worst case (every
+ * byte a line end) so that no head, however malformed, can overflow them. */
+#define MAX_LINES (CORE_HEAD_MAX + 8)
+struct occ { struct str v; uint8_t id; };
+
+struct request {
+    struct str method, path, query;
+    int has_query;
+    int minor;
+    int present[F_N];        /* single fields: 1 once, 2 repeated (value "") */
+    struct str single[F_SINGLE_N];
+    uint32_t n_occ;
+    int n_list[F_N];
+};
+
+static struct occ occs[MAX_LINES]; /* one request is parsed at a time */
+static struct str lines[MAX_LINES];
+
+/* Returns 0 or the error status. */
+static int parse_head(const uint8_t *head, size_t n, struct request *r)
+{
+    memset(r, 0, sizeof *r);
+    /* _lines: split on LF, drop one CR before it; any other CR is a bare CR. */
+    size_t nl = 0, s = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || head[i] == '\n') {
+            size_t e = i;
+            if (e > s && head[e - 1] == '\r')
+                e--;
+            if (mem_chr(head + s, '\r', e - s))
+                return 400;
+            ASSERT(nl < MAX_LINES);
+            lines[nl].p = head + s;
+            lines[nl].n = e - s;
+            nl++;
+            s = i + 1;
+        }
+    }
+    /* request-line: exactly three parts split on single spaces */
+    struct str l0 = lines[0], part[3];
+    int np = 0;
+    size_t st = 0;
+    for (size_t i = 0; i <= l0.n; i++) {
+        if (i == l0.n || l0.p[i] == ' ') {
+            if (np == 3)
+                return 400;
+            part[np].p = l0.p + st;
+            part[np].n = i - st;
+            np++;
+            st = i + 1;
+        }
+    }
+    if (np != 3)
+        return 400;
+    struct str method = part[0], target = part[1], version = part[2];
+    if (version.n != 8 || memcmp(version.p, "HTTP/", 5) != 0 || version.p[6] != '.' ||
+        version.p[5] < '0' || version.p[5] > '9' || version.p[7] < '0' || version.p[7] > '9')
+        return 400;
+    if (version.p[5] != '1')
+        return 505;
+    if (!method.n)
+        return 400;
+    for (size_t i = 0; i < method.n; i++)
+        if (!is_tchar(method.p[i]))
+            return 400;
+    if (target.n > core_limits.target)
+        return 414;
+    if (!target.n)
+        return 400;
+    for (size_t i = 0; i < target.n; i++)
+        if (target.p[i] <= 0x20 || target.p[i] == 0x7f)
+            return 400;
+
+    for (size_t li = 1; li < nl; li++) {
+        struct str l = lines[li];
+        size_t i = 0;
+        while (i < l.n && is_tchar(l.p[i]))
+            i++;
+        if (i == 0 || i >= l.n || l.p[i] != ':')
+            return 400; /* obs-fold, space before the colon, no colon */
+        struct str name = { l.p, i };
+        struct str value = { l.p + i + 1, l.n - i - 1 };
+        for (size_t k = 0; k < value.n; k++) {
+            uint8_t ch = value.p[k];
+            if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+                return 400;
+        }
+        value = strip(value);
+        int id = -1;
+        for (int f = 0; f < F_N; f++)
+            if (ieq(name, field_names[f]))
+                id = f;
+        if (id < 0)
+            continue;
+        if (id < F_SINGLE_N) {
+            if (!r->present[id]) {
+                r->present[id] = 1;
+                r->single[id] = value;
+            } else if (id == F_CL && r->single[id].n == value.n &&
+                       memcmp(r->single[id].p, value.p, value.n) == 0) {
+                /* identical repeats are one value (RFC 9110 §8.6) */
+            } else if (id == F_HOST || id == F_CL) {
+                return 400;
+            } else {
+                r->present[id] = 2; /* a repeated singleton: treated as absent */
+                r->single[id].n = 0;
+            }
+        } else {
+            occs[r->n_occ].v = value;
+            occs[r->n_occ].id = (uint8_t)id;
+            r->n_occ++;
+            r->n_list[id]++;
+        }
+    }
+    r->minor = version.p[7] - '0';
+    if (r->minor >= 1 && !r->present[F_HOST])
+        return 400; /* RFC 9112 §3.2 */
+
+    int safe = eq(method, "GET") || eq(method, "HEAD");
+    if (target.p[0] != '/') {
+        /* absolute-form: [Hh][Tt][Tt][Pp][Ss]?://[^/?#]* */
+        size_t i = 0;
+        int abs = target.n >= 7 && ieq((struct str){ target.p, 4 }, "http");
+        if (abs) {
+            i = 4;
+            if (i < target.n && lower(target.p[i]) == 's')
+                i++;
+            abs = target.n >= i + 3 && memcmp(target.p + i, "://", 3) == 0;
+            i += 3;
+        }
+        if (abs) {
+            while (i < target.n && target.p[i] != '/' && target.p[i] != '?' && target.p[i] != '#')
+                i++;
+            target.p += i;
+            target.n -= i;
+            /* "" → "/"; "?q" → "/?q": the '/' is supplied by the lookup below */
+        } else if (safe) {
+            return 400; /* authority-form and asterisk-form: only for CONNECT/OPTIONS */
+        } else {
+            target.n = 0;
+        }
+    }
+    const uint8_t *q = mem_chr(target.p, '?', target.n);
+    struct str path = { target.p, q ? (size_t)(q - target.p) : target.n };
+    const uint8_t *h = mem_chr(path.p, '#', path.n);
+    if (h)
+        path.n = (size_t)(h - path.p);
+    r->has_query = q != NULL;
+    if (q)
+        r->query = (struct str){ q + 1, (size_t)(target.p + target.n - q - 1) };
+    r->method = method;
+    r->path = path; /* may lack the leading '/' after absolute-form: see lookup */
+    return 0;
+}
+
+/* ---- negotiate.py ------------------------------------------------------------- */
+
+/* Compare decimal digit strings as numbers' fractional parts (missing digits are 0). */
+static int frac_cmp(const uint8_t *a, size_t an, const char *b)
+{
+    size_t bn = strlen(b);
+    for (size_t i = 0; i < an || i < bn; i++) {
+        int x = i < an ? a[i] : '0', y = i < bn ? b[i] : '0';
+        if (x != y)
+            return x < y ? -1 : 1;
+    }
+    return 0;
+}
+
+/*
+ * float(value) compared with 0 and 1, without floats: -1 if _qvalue rejects
+ * it (syntax, NaN, out of [0, 1]), 0 if it is zero, 1 if positive. The
+ * grammar is Python's float(): sign, digits with single '_', '.', exponent,
+ * inf/nan. Rounding is reproduced at 1 (1 + 2^-53 still reads as 1.0) and at
+ * the underflow to zero (below ~2.47e-324).
+ */
+static int qvalue_class(struct str s)
+{
+    size_t i = 0;
+    int neg = 0;
+    if (i < s.n && (s.p[i] == '+' || s.p[i] == '-'))
+        neg = s.p[i++] == '-';
+    struct str rest = { s.p + i, s.n - i };
+    if (ieq(rest, "inf") || ieq(rest, "infinity") || ieq(rest, "nan"))
+        return -1;
+    static uint8_t dig[CORE_HEAD_MAX + 8]; /* a q-value cannot be longer than a head */
+    size_t nd = 0, nint = 0;
+    int any = 0, point = 0;
+    for (; i < s.n; i++) {
+        uint8_t ch = s.p[i];
+        if (ch >= '0' && ch <= '9') {
+            dig[nd++] = ch;
+            if (!point)
+                nint++;
+            any = 1;
+        } else if (ch == '_') {
+            if (!(i > 0 && s.p[i - 1] >= '0' && s.p[i - 1] <= '9' &&
+                  i + 1 < s.n && s.p[i + 1] >= '0' && s.p[i + 1] <= '9'))
+                return -1;
+        } else if (ch == '.' && !point) {
+            point = 1;
+        } else {
+            break;
+        }
+    }
+    if (!any)
+        return -1;
+    int64_t exp = 0;
+    if (i < s.n) {
+        if (s.p[i] != 'e' && s.p[i] != 'E')
+            return -1;
+        struct str e = { s.p + i + 1, s.n - i - 1 };
+        if (e.n && (e.p[0] == '+' || e.p[0] == '-') && (e.n < 2 || e.p[1] < '0' || e.p[1] > '9'))
+            return -1;
+        if (!py_int(e, &exp))
+            return -1;
+    }
+    size_t lz = 0;
+    while (lz < nd && dig[lz] == '0')
+        lz++;
+    if (lz == nd)
+        return 0;       /* zero, including -0.0 (0 <= -0.0 holds) */
+    if (neg)
+        return -1;
+    int64_t p = (int64_t)nint - 1 - (int64_t)lz + exp; /* power of ten of the leading digit */
+    if (p >= 1)
+        return -1;
+    if (p == 0) {
+        if (dig[lz] != '1' ||
+            frac_cmp(dig + lz + 1, nd - lz - 1,
+                     "000000000000000111022302462515654042363166809082031250") > 0)
+            return -1;
+        return 1;
+    }
+    if (p < -324 || (p == -324 && frac_cmp(dig + lz, nd - lz, "24703282292062327208828439643") <= 0))
+        return 0;
+    return 1;
+}
+
+enum { IDENTITY = 1, GZIP = 2, BR = 4, ZSTD = 8 };
+
+/* accept_encoding_mask over every Accept-Encoding line, in order (= the joined value). */
+static int accept_encoding_mask(const struct request *r)
+{
+    if (!r->n_list[F_AE])
+        return IDENTITY;
+    int named[16] = { 0 }; /* 0 unset, 1 acceptable, -1 refused */
+    int star = 0;
+    for (uint32_t k = 0; k < r->n_occ; k++) {
+        if (occs[k].id != F_AE)
+            continue;
+        struct str v = occs[k].v;
+        size_t s = 0;
+        for (size_t i = 0; i <= v.n; i++) {
+            if (i < v.n && v.p[i] != ',')
+                continue;
+            struct str member = { v.p + s, i - s };
+            s = i + 1;
+            const uint8_t *semi = mem_chr(member.p, ';', member.n);
+            struct str token = strip((struct str){ member.p, semi ? (size_t)(semi - member.p) : member.n });
+            if (!token.n)
+                continue;
+            int q = 1, bad = 0;
+            while (semi) { /* _qvalue: the last q= wins; any malformed q= drops the member */
+                const uint8_t *p0 = semi + 1, *end = member.p + member.n;
+                semi = mem_chr(p0, ';', (size_t)(end - p0));
+                struct str param = { p0, (size_t)((semi ? semi : end) - p0) };
+                const uint8_t *eqs = mem_chr(param.p, '=', param.n);
+                struct str name = strip((struct str){ param.p, eqs ? (size_t)(eqs - param.p) : param.n });
+                if (!ieq(name, "q"))
+                    continue;
+                struct str val = eqs ? strip((struct str){ eqs + 1, (size_t)(param.p + param.n - eqs - 1) })
+                                     : (struct str){ param.p, 0 };
+                int c = qvalue_class(val);
+                if (c < 0) {
+                    bad = 1;
+                    break;
+                }
+                q = c;
+            }
+            if (bad)
+                continue;
+            int ok = q > 0 ? 1 : -1;
+            if (eq(token, "*"))
+                star = ok;
+            else if (ieq(token, "x-gzip") || ieq(token, "gzip"))
+                named[GZIP] = ok;
+            else if (ieq(token, "identity"))
+                named[IDENTITY] = ok;
+            else if (ieq(token, "br"))
+                named[BR] = ok;
+            else if (ieq(token, "zstd"))
+                named[ZSTD] = ok;
+        }
+    }
+    int mask = 0;
+    for (int bit = 1; bit <= 8; bit <<= 1) {
+        int ok = named[bit];
+        if (!ok)
+            ok = star ? star : (bit == IDENTITY ? 1 : -1);
+        if (ok > 0)
+            mask |= bit;
+    }
+    return mask;
+}
+
+/* none_match: If-None-Match (weak comparison) against one ETag. */
+static int none_match(const struct request *r, struct str etag)
+{
+    if (r->n_list[F_INM] == 1) { /* a joined list of several lines is never one tag or "*" */
+        for (uint32_t k = 0; k < r->n_occ; k++) {
+            if (occs[k].id != F_INM)
+                continue;
+            if ((occs[k].v.n == etag.n && memcmp(occs[k].v.p, etag.p, etag.n) == 0) ||
+                eq(strip(occs[k].v), "*"))
+                return 1;
+        }
+    }
+    for (uint32_t k = 0; k < r->n_occ; k++) {
+        if (occs[k].id != F_INM)
+            continue;
+        struct str v = occs[k].v;
+        size_t s = 0;
+        for (size_t i = 0; i <= v.n; i++) {
+            if (i < v.n && v.p[i] != ',')
+                continue;
+            struct str t = strip((struct str){ v.p + s, i - s });
+            s = i + 1;
+            if (t.n >= 2 && t.p[0] == 'W' && t.p[1] == '/')
+                t.p += 2, t.n -= 2;
+            if (t.n == etag.n && memcmp(t.p, etag.p, etag.n) == 0)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static int tokens_have(const struct request *r, int id, const char *tok)
+{
+    for (uint32_t k = 0; k < r->n_occ; k++) {
+        if (occs[k].id != id)
+            continue;
+        struct str v = occs[k].v;
+        size_t s = 0;
+        for (size_t i = 0; i <= v.n; i++) {
+            if (i < v.n && v.p[i] != ',')
+                continue;
+            if (ieq(strip((struct str){ v.p + s, i - s }), tok))
+                return 1;
+            s = i + 1;
+        }
+    }
+    return 0;
+}
+
+/* Digit strings as numbers: -1, 0, 1 (leading zeros ignored; any length). */
+static int num_cmp(struct str a, struct str b)
+{
+    while (a.n > 1 && a.p[0] == '0')
+        a.p++, a.n--;
+    while (b.n > 1 && b.p[0] == '0')
+        b.p++, b.n--;
+    if (a.n != b.n)
+        return a.n < b.n ? -1 : 1;
+    int c = memcmp(a.p, b.p, a.n);
+    return c < 0 ? -1 : c > 0;
+}
+
+static uint64_t num_sat(struct str a) /* saturates far above any body length */
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < a.n; i++) {
+        v = v * 10 + (a.p[i] - '0');
+        if (v > (1ull << 60))
+            return 1ull << 60;
+    }
+    return v;
+}
+
+/* byte_range: 1 with [first, last], 0 to ignore (whole 200), -1 unsatisfiable. */
+static int byte_range(struct str v, uint64_t length, uint64_t *first, uint64_t *last)
+{
+    /* bytes[ \t]*=[ \t]*(\d*)[ \t]*-[ \t]*(\d*)[ \t]* */
+    size_t i = 0;
+    if (v.n < 5 || memcmp(v.p, "bytes", 5) != 0)
+        return 0;
+    i = 5;
+    while (i < v.n && is_ows(v.p[i]))
+        i++;
+    if (i >= v.n || v.p[i] != '=')
+        return 0;
+    i++;
+    while (i < v.n && is_ows(v.p[i]))
+        i++;
+    struct str a = { v.p + i, 0 };
+    while (i < v.n && v.p[i] >= '0' && v.p[i] <= '9')
+        i++, a.n++;
+    while (i < v.n && is_ows(v.p[i]))
+        i++;
+    if (i >= v.n || v.p[i] != '-')
+        return 0;
+    i++;
+    while (i < v.n && is_ows(v.p[i]))
+        i++;
+    struct str b = { v.p + i, 0 };
+    while (i < v.n && v.p[i] >= '0' && v.p[i] <= '9')
+        i++, b.n++;
+    while (i < v.n && is_ows(v.p[i]))
+        i++;
+    if (i != v.n)
+        return 0;
+    if (a.n) {
+        uint64_t start = num_sat(a), end;
+        if (b.n) {
+            if (num_cmp(b, a) < 0)
+                return 0; /* invalid range-spec: ignore the header */
+            end = num_sat(b);
+            if (end > length - 1)
+                end = length - 1; /* length 0 is caught below: start >= 0 = length */
+        } else {
+            end = length - 1;
+        }
+        if (start >= length)
+            return -1;
+        *first = start;
+        *last = end;
+        return 1;
+    }
+    if (!b.n)
+        return 0;
+    uint64_t suffix = num_sat(b);
+    if (suffix == 0 || length == 0)
+        return -1;
+    *first = suffix >= length ? 0 : length - suffix;
+    *last = length - 1;
+    return 1;
+}
+
+/* route_key: percent-decoding, dot segments, merged slashes. 0 if malformed. */
+static uint8_t key_buf[CORE_TARGET_MAX + 2];
+static uint8_t seg_buf[CORE_TARGET_MAX + 2];
+static int route_key(struct str path, struct str *key)
+{
+    uint8_t *out = key_buf;
+    size_t n = 0;
+    if (mem_chr(path.p, '%', path.n)) {
+        for (size_t i = 0; i < path.n; i++) {
+            uint8_t ch = path.p[i];
+            if (ch == '%') {
+                int hv[2];
+                for (int k = 0; k < 2; k++) {
+                    uint8_t x = i + 1 + k < path.n ? path.p[i + 1 + k] : 0;
+                    hv[k] = x >= '0' && x <= '9' ? x - '0' : (x | 32) >= 'a' && (x | 32) <= 'f' ? (x | 32) - 'a' + 10 : -1;
+                    if (hv[k] < 0)
+                        return 0;
+                }
+                ch = (uint8_t)(hv[0] * 16 + hv[1]);
+                if (!ch)
+                    return 0;
+                i += 2;
+            }
+            out[n++] = ch;
+        }
+        path = (struct str){ out, n };
+    }
+    if (!find(path.p, path.n, "/.") && !find(path.p, path.n, "//")) {
+        *key = path;
+        return 1;
+    }
+    /* segments = path.split("/")[1:]; a stack of segments kept in seg_buf */
+    size_t top = 0, nseg = 0;
+    static uint16_t starts[CORE_TARGET_MAX + 2];
+    size_t s = 1;
+    struct str last = { 0, 0 };
+    size_t total = 1;
+    for (size_t i = 1; i <= path.n; i++) {
+        if (i < path.n && path.p[i] != '/')
+            continue;
+        struct str seg = { path.p + s, i - s };
+        s = i + 1;
+        last = seg;
+        total++;
+        if (eq(seg, "..")) {
+            if (nseg)
+                top = starts[--nseg];
+        } else if (!eq(seg, ".") && seg.n) {
+            starts[nseg++] = (uint16_t)top;
+            memcpy(seg_buf + top, seg.p, seg.n);
+            top += seg.n;
+            seg_buf[top++] = '/';
+        }
+    }
+    /* key = "/" + "/".join(out) (+ "/" when the last segment was "", "." or "..") */
+    size_t kn = 0;
+    key_buf[kn++] = '/';
+    memcpy(key_buf + kn, seg_buf, top);
+    kn += top;
+    int trailing = (last.n == 0 || eq(last, ".") || eq(last, "..")) && total > 1;
+    if (nseg && !trailing)
+        kn--; /* drop the separator after the last segment */
+    *key = (struct str){ key_buf, kn };
+    return 1;
+}
+
+static const struct route *lookup(struct str key)
+{
+    uint32_t lo = 0, hi = H->n_routes;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const struct route *r = &routes[mid];
+        size_t n = r->key_len < key.n ? r->key_len : key.n;
+        int c = memcmp(img + r->key_off, key.p, n);
+        if (!c)
+            c = r->key_len < key.n ? -1 : r->key_len > key.n;
+        if (!c)
+            return r;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* ---- connection.py ----------------------------------------------------------- */
+
+enum { KEEP, CLOSE, KEEP10 }; /* App.tails kinds */
+static uint64_t tails_second = ~0ull;
+static char tails[3][64];
+static uint8_t tails_len[3];
+
+/* App.tails: formatted once per second, so Date is exact at no per-request cost. */
+static void make_tail(struct core_conn *c, int kind)
+{
+    uint64_t second = platform_unix_time();
+    if (second != tails_second) {
+        char date[40];
+        int n = format_http_date(date, second);
+        ASSERT(n > 0 && n < 40);
+        static const char *const ends[3] = { "\r\n", "Connection: close\r\n\r\n",
+                                             "Connection: keep-alive\r\n\r\n" };
+        for (int k = 0; k < 3; k++) {
+            int m = platform_snprintf(tails[k], sizeof tails[k], "Date: %s\r\n%s", date, ends[k]);
+            ASSERT(m > 0 && m < (int)sizeof tails[k]);
+            tails_len[k] = (uint8_t)m;
+        }
+        tails_second = second;
+    }
+    /* Copied: a response may still be written when the shared tails change. */
+    memcpy(c->tail, tails[kind], tails_len[kind]);
+}
+
+static void seg(struct core_conn *c, const void *p, size_t len, int copy)
+{
+    if (!len)
+        return;
+    ASSERT(c->resp.n < CORE_SEGS && len <= 0xffffffffu);
+    c->resp.seg[c->resp.n++] = (struct core_seg){ p, (uint32_t)len, (uint8_t)copy };
+}
+
+/* _emit: head, Date/Connection tail, body; `fatal` drops the unparsed input. */
+static void emit(struct core_conn *c, const uint8_t *head, size_t head_len, int kind,
+                 const uint8_t *body, size_t body_len, int close, int fatal)
+{
+    make_tail(c, kind);
+    seg(c, head, head_len, 0);
+    seg(c, c->tail, tails_len[kind], 1);
+    seg(c, body, body_len, 0);
+    if (close) {
+        c->close_after = 1;
+        if (fatal)
+            c->start = c->len = 0;
+    }
+}
+
+static int is_fatal(int status)
+{
+    return status == 400 || status == 408 || status == 411 || status == 413 || status == 414 ||
+           status == 431 || status == 503 || status == 505;
+}
+
+/* _error_plan(status, True) for the fatal statuses: close and drop the rest. */
+static void emit_error(struct core_conn *c, int status)
+{
+    const struct error *e = error_for((uint32_t)status);
+    ASSERT(is_fatal(status));
+    emit(c, img + e->head_off, e->head_len, CLOSE, img + e->body_off, e->body_len, 1, 1);
+    c->discard = 0;
+}
+
+static int if_range(const struct request *r, const struct entry *e, int64_t lm)
+{
+    if (!r->present[F_IF_RANGE])
+        return 1;
+    struct str v = r->single[F_IF_RANGE];
+    if (v.n && v.p[0] == '"') {
+        const struct variant *id = variant_of(e, e->identity);
+        return v.n == id->etag_len && memcmp(v.p, img + id->etag_off, v.n) == 0;
+    }
+    int64_t t;
+    return core_parse_http_date(v.p, v.n, &t) && t == lm;
+}
+
+/* answer(): the response for one complete head (without its final empty line). */
+static void answer(struct core_conn *c, const uint8_t *head, size_t n)
+{
+    static struct request req;
+    struct request *r = &req;
+    int status = parse_head(head, n, r);
+    if (status) {
+        emit_error(c, status);
+        return;
+    }
+    uint64_t discard = 0;
+    if (r->n_list[F_TE]) {
+        /* RFC 9112 §6.1/§6.3: TE with CL is smuggling; chunked → 411; other codings → 400 */
+        if (r->present[F_CL] || r->minor == 0) {
+            emit_error(c, 400);
+            return;
+        }
+        struct str lastm = { 0, 0 };
+        for (uint32_t k = 0; k < r->n_occ; k++) {
+            if (occs[k].id != F_TE)
+                continue;
+            struct str v = occs[k].v;
+            const uint8_t *comma = v.p + v.n;
+            while (comma > v.p && comma[-1] != ',')
+                comma--;
+            lastm = strip((struct str){ comma, (size_t)(v.p + v.n - comma) });
+        }
+        emit_error(c, ieq(lastm, "chunked") ? 411 : 400);
+        return;
+    }
+    if (r->present[F_CL]) {
+        struct str cl = r->single[F_CL];
+        if (!cl.n || cl.n > 18) {
+            emit_error(c, 400);
+            return;
+        }
+        for (size_t i = 0; i < cl.n; i++) {
+            if (cl.p[i] < '0' || cl.p[i] > '9') {
+                emit_error(c, 400);
+                return;
+            }
+            discard = discard * 10 + (cl.p[i] - '0');
+        }
+        if (discard > core_limits.body) {
+            emit_error(c, 413);
+            return;
+        }
+    }
+    int kind, close;
+    if (r->minor >= 1) {
+        close = tokens_have(r, F_CONNECTION, "close");
+        kind = close ? CLOSE : KEEP;
+    } else if (tokens_have(r, F_CONNECTION, "keep-alive")) {
+        kind = KEEP10, close = 0;
+    } else {
+        kind = CLOSE, close = 1;
+    }
+    c->discard = discard;
+
+    int get = eq(r->method, "GET");
+    if (!get && !eq(r->method, "HEAD")) {
+        static const char *const known[] = { "POST", "PUT", "DELETE", "PATCH", "OPTIONS",
+                                             "CONNECT", "TRACE" };
+        int st = 501;
+        for (unsigned k = 0; k < sizeof known / sizeof known[0]; k++)
+            if (eq(r->method, known[k]))
+                st = 405;
+        const struct error *e = error_for((uint32_t)st);
+        emit(c, img + e->head_off, e->head_len, kind, img + e->body_off, e->body_len, close, 0);
+        return;
+    }
+
+    /* After absolute-form the path may lack its '/': put it back (parse_head does). */
+    struct str path = r->path;
+    static uint8_t slash_path[CORE_TARGET_MAX + 2];
+    if (!path.n || path.p[0] != '/') {
+        slash_path[0] = '/';
+        memcpy(slash_path + 1, path.p, path.n);
+        path = (struct str){ slash_path, path.n + 1 };
+    }
+    const struct route *rt = lookup(path);
+    if (!rt) {
+        struct str key;
+        if (!route_key(path, &key)) {
+            emit_error(c, 400);
+            c->discard = 0;
+            return;
+        }
+        rt = lookup(key);
+    }
+    const struct entry *e;
+    if (rt && rt->kind == 1) {
+        /* Redirect: location + ("?" + query) + tail, no body */
+        make_tail(c, kind);
+        seg(c, img + rt->loc_off, rt->loc_len, 0);
+        if (r->has_query) {
+            ASSERT(r->query.n + 1 <= sizeof c->dyn);
+            c->dyn[0] = '?';
+            memcpy(c->dyn + 1, r->query.p, r->query.n);
+            seg(c, c->dyn, r->query.n + 1, 1);
+        }
+        seg(c, img + rt->tail_off, rt->tail_len, 0);
+        seg(c, c->tail, tails_len[kind], 1);
+        if (close)
+            c->close_after = 1;
+        return;
+    }
+    if (rt)
+        e = entry_at(rt->entry);
+    else
+        e = entry_at(H->fallback != NONE ? H->fallback : H->not_found);
+
+    int mask = accept_encoding_mask(r);
+    if (e->choice[mask] == 0xff) {
+        const struct error *er = error_for(406);
+        emit(c, img + er->head_off, er->head_len, kind, img + er->body_off,
+             get ? er->body_len : 0, close, 0);
+        return;
+    }
+    const struct variant *v = variant_of(e, e->choice[mask]);
+    int64_t lm = (int64_t)((uint64_t)e->lm_hi << 32 | e->lm_lo);
+    if (e->flags & 1) {
+        if (r->n_list[F_INM]) {
+            if (none_match(r, (struct str){ img + v->etag_off, v->etag_len })) {
+                emit(c, img + v->h304_off, v->h304_len, kind, NULL, 0, close, 0);
+                return;
+            }
+        } else if (r->present[F_IMS] && r->single[F_IMS].n) {
+            int64_t t;
+            if (core_parse_http_date(r->single[F_IMS].p, r->single[F_IMS].n, &t) && lm <= t) {
+                emit(c, img + v->h304_off, v->h304_len, kind, NULL, 0, close, 0);
+                return;
+            }
+        }
+        if (get && r->present[F_RANGE] && r->single[F_RANGE].n && (mask & IDENTITY) &&
+            if_range(r, e, lm)) {
+            const struct variant *id = variant_of(e, e->identity);
+            uint64_t first, last;
+            int br = byte_range(r->single[F_RANGE], id->body_len, &first, &last);
+            if (br < 0) {
+                emit(c, img + e->h416_off, e->h416_len, kind, NULL, 0, close, 0);
+                return;
+            }
+            if (br > 0) {
+                int m = platform_snprintf(c->dyn, sizeof c->dyn,
+                                          "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %lu-%lu/%lu\r\n"
+                                          "Content-Length: %lu\r\n",
+                                          (unsigned long)first, (unsigned long)last,
+                                          (unsigned long)id->body_len,
+                                          (unsigned long)(last - first + 1));
+                ASSERT(m > 0 && m < (int)sizeof c->dyn);
+                make_tail(c, kind);
+                seg(c, c->dyn, (size_t)m, 1);
+                seg(c, img + id->fields_off, id->fields_len, 0);
+                seg(c, c->tail, tails_len[kind], 1);
+                seg(c, img + id->body_off + first, last - first + 1, 0);
+                if (close)
+                    c->close_after = 1;
+                return;
+            }
+        }
+    }
+    emit(c, img + v->head_off, v->head_len, kind, img + v->body_off, get ? v->body_len : 0,
+         close, 0);
+}
+
+void core_connect(struct core_conn *c, uint64_t now_ms, uint32_t open)
+{
+    c->start = c->len = 0;
+    c->discard = 0;
+    c->since = now_ms;
+    c->eof = c->close_after = 0;
+    c->resp.n = 0;
+    if (open > core_limits.connections)
+        emit_error(c, 503);
+}
+
+int core_wants_input(const struct core_conn *c)
+{
+    /* Python reads only while nothing is pending; here the glue may hold more
+     * input, but the buffer must have room (or a body to skip). */
+    return !c->close_after && (c->discard || c->len - c->start < core_limits.head + 4);
+}
+
+size_t core_take(struct core_conn *c, const uint8_t *data, size_t n)
+{
+    size_t used = 0;
+    if (c->close_after)
+        return n; /* nothing more will be answered: drop (Python leaves it unread) */
+    if (c->discard && c->start == c->len) {
+        size_t skip = c->discard < n ? (size_t)c->discard : n;
+        c->discard -= skip;
+        used = skip;
+    }
+    if (c->discard)
+        return used;
+    uint32_t cap = core_limits.head + 4;
+    if (c->start && c->len + (n - used) > cap) { /* compact */
+        memmove(c->buf, c->buf + c->start, c->len - c->start);
+        c->len -= c->start;
+        c->start = 0;
+    }
+    size_t room = cap > c->len ? cap - c->len : 0;
+    size_t k = n - used < room ? n - used : room;
+    memcpy(c->buf + c->len, data + used, k);
+    c->len += (uint32_t)k;
+    return used + k;
+}
+
+/* Out of input: at EOF the peer sent all it will, so what it asked for is
+ * queued and the connection ends (a partial head is never answered). */
+static int need_input(struct core_conn *c)
+{
+    if (c->eof)
+        c->close_after = 1;
+    return 0;
+}
+
+int core_next(struct core_conn *c, uint64_t now_ms)
+{
+    ASSERT(c->resp.n == 0);
+    if (c->close_after)
+        return 0;
+    if (c->discard) {
+        size_t have = c->len - c->start;
+        size_t skip = c->discard < have ? (size_t)c->discard : have;
+        c->discard -= skip;
+        c->start += (uint32_t)skip;
+        if (c->discard)
+            return need_input(c);
+    }
+    /* RFC 9112 §2.2: ignore empty lines received before a request-line. */
+    while (c->start < c->len && (c->buf[c->start] == '\r' || c->buf[c->start] == '\n'))
+        c->start++;
+    if (c->start == c->len) {
+        c->start = c->len = 0;
+        return need_input(c);
+    }
+    const uint8_t *buf = c->buf + c->start;
+    size_t have = c->len - c->start, limit = core_limits.head;
+    size_t lim = have < limit + 4 ? have : limit + 4;
+    /* Exactly _process's two-step search: "\r\n\r\n" first; the lenient
+     * \r?\n\r?\n only when that finds nothing or the head holds a bare-LF end. */
+    const uint8_t *f = find(buf, lim, "\r\n\r\n");
+    size_t end = 0, rest = 0;
+    int lenient = !f || find(buf, (size_t)(f - buf), "\n\n") || find(buf, (size_t)(f - buf), "\n\r\n");
+    if (!lenient) {
+        end = (size_t)(f - buf);
+        rest = end + 4;
+    } else {
+        int found = 0;
+        for (size_t i = 0; i < lim && !found; i++) {
+            size_t j = i;
+            if (buf[j] == '\r')
+                j++;
+            if (j >= lim || buf[j] != '\n')
+                continue;
+            j++;
+            if (j + 1 < lim && buf[j] == '\r' && buf[j + 1] == '\n')
+                j += 2;
+            else if (j < lim && buf[j] == '\n')
+                j++;
+            else
+                continue;
+            end = i;
+            rest = j;
+            found = 1;
+        }
+        if (!found) {
+            if (have > limit) {
+                emit_error(c, mem_chr(buf, '\n', limit) ? 431 : 414);
+                return 1;
+            }
+            return need_input(c);
+        }
+    }
+    c->start += (uint32_t)rest;
+    c->since = now_ms;
+    answer(c, buf, end);
+    /* The head bytes stay valid until the next take: segments only point into
+     * the image or the connection's own tail/dyn copies. */
+    return 1;
+}
+
+void core_eof(struct core_conn *c)
+{
+    c->eof = 1;
+}
+
+void core_sent(struct core_conn *c, uint64_t now_ms)
+{
+    c->since = now_ms;
+}
+
+int core_tick(struct core_conn *c, uint64_t now_ms, int writing)
+{
+    uint64_t waited = now_ms - c->since;
+    if (writing || c->resp.n)
+        return waited > core_limits.send_ms;
+    if (c->len > c->start || c->discard) {
+        if (waited > core_limits.head_ms && !c->close_after)
+            emit_error(c, 408);
+        return 0;
+    }
+    return waited > core_limits.idle_ms;
+}
+
+int core_done(const struct core_conn *c)
+{
+    return c->close_after && !c->resp.n;
+}

@@ -1,0 +1,82 @@
+/*
+ * The request core: an interpreter of the site image `orisha build --loop
+ * unikernel` writes (format: orisha/embed/image.py). It is the C twin of the
+ * Python core in orisha/core/ and must answer every request head with the
+ * same bytes. It is sans-I/O like its twin: the lwIP glue (http.c) feeds it
+ * bytes and the time, and writes the segments of one response at a time.
+ *
+ * Per connection: feed input with core_take() while core_wants_input(), ask
+ * core_next() for the next response, write c->resp (segments in order; a
+ * segment with `copy` set lives in the connection and must be copied), call
+ * core_sent() when the peer acknowledges bytes, core_tick() about twice a
+ * second, and close once core_done() says so.
+ */
+#ifndef ORISHA_CORE_H
+#define ORISHA_CORE_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Largest request head (--head-limit) the fixed buffers can hold. */
+#define CORE_HEAD_MAX 8192
+/* Largest request target (--target-limit): a redirect copies the query. */
+#define CORE_TARGET_MAX 4096
+
+struct core_limits {
+    uint32_t head;           /* request head bytes before 431 */
+    uint32_t target;         /* request-target bytes before 414 */
+    uint64_t body;           /* request body bytes discarded before 413 */
+    uint64_t idle_ms;        /* keep-alive connection with nothing to do */
+    uint64_t head_ms;        /* a started head (or body) that stalls: 408 */
+    uint64_t send_ms;        /* a reader that takes nothing: dropped */
+    uint32_t connections;    /* open connections; more get 503 */
+};
+
+/* Defaults as orisha/core/connection.py Limits; http.c overrides them
+ * from the kernel command line before the first connection. */
+extern struct core_limits core_limits;
+
+struct core_seg {
+    const uint8_t *p;
+    uint32_t len;
+    uint8_t copy;            /* 1: bytes live in the connection (copy them) */
+};
+
+#define CORE_SEGS 4
+struct core_resp {
+    struct core_seg seg[CORE_SEGS];
+    uint8_t n;               /* 0: no response pending */
+};
+
+struct core_conn {
+    uint32_t start, len;     /* unparsed input: buf[start, len) */
+    uint64_t discard;        /* request body bytes still to skip */
+    uint64_t since;          /* ms: start of the current wait, for timeouts */
+    uint8_t eof;             /* the peer finished sending */
+    uint8_t close_after;     /* no more requests: close once resp is written */
+    struct core_resp resp;
+    char tail[64];           /* Date + Connection lines of resp */
+    char dyn[CORE_TARGET_MAX + 96]; /* "?query" of a redirect, or a 206 status + ranges */
+    uint8_t buf[CORE_HEAD_MAX + 4];
+};
+
+/* Check and adopt the site image; PANICs on a bad one. Returns the number of routes. */
+uint32_t core_init(const uint8_t *image, size_t len);
+/* A new connection; `open` counts it. Over the limit it is answered 503 and closes. */
+void core_connect(struct core_conn *c, uint64_t now_ms, uint32_t open);
+/* Input bytes; returns how many were consumed (the rest: offer again later). */
+size_t core_take(struct core_conn *c, const uint8_t *data, size_t n);
+int core_wants_input(const struct core_conn *c);
+/* Plan the next response into c->resp (which must be empty): 1 if there is one. */
+int core_next(struct core_conn *c, uint64_t now_ms);
+void core_eof(struct core_conn *c);
+void core_sent(struct core_conn *c, uint64_t now_ms);
+/* Timeouts; `writing`: output not yet acknowledged. May plan a 408.
+ * Returns 1 when the connection must be closed now (dropped). */
+int core_tick(struct core_conn *c, uint64_t now_ms, int writing);
+/* No more responses will come: close once the last one is written. */
+int core_done(const struct core_conn *c);
+
+/* Test hook for the twin property: parse a date as dates.parse_http_date. */
+int core_parse_http_date(const uint8_t *s, size_t n, int64_t *out);
+
+#endif
