@@ -134,7 +134,7 @@ def fetch(port: int, path: str, encoding: str = "gzip") -> bytes:
 
 
 def wrk(port: int, path: str, seconds: float, cpus: str | None, conns: int = 200) -> dict:
-    cmd = ["wrk", "-t1" if cpus else "-t2", f"-c{conns}", f"-d{seconds}s", "--latency",
+    cmd = ["wrk", "-t1" if cpus else "-t2", f"-c{conns}", f"-d{seconds:g}s", "--latency",
            "-H", "Accept-Encoding: gzip", f"http://127.0.0.1:{port}{path}"]
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]

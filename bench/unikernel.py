@@ -36,7 +36,7 @@ PATHS = {"1 KB css (gzip)": ("/css/site.css", "gzip"), "1.2 MB txt (identity)": 
 
 
 def wrk(url: str, enc: str, seconds: float, ns: bool) -> float:
-    cmd = ["wrk", "-t1", "-c10", f"-d{seconds}s", "-H", f"Accept-Encoding: {enc}", url]
+    cmd = ["wrk", "-t1", "-c10", f"-d{seconds:g}s", "-H", f"Accept-Encoding: {enc}", url]
     if ns:
         cmd = ["ip", "netns", "exec", NS, *cmd]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
