@@ -15,7 +15,6 @@ offered load. Medians per cell; a Markdown table of ratios and a PNG plot.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
@@ -221,7 +220,7 @@ def main() -> None:
                               f"p50 {r['p50']:.2f} ms p99 {r['p99']:.2f} ms {r['errors']}", flush=True)
             if workers == 1 and shutil.which("h2load"):
                 path = DOCS["1 KB html"]
-                nginx_max = statistics.median(r["rps"] for r in results[f"1|1 KB html|nginx"])
+                nginx_max = statistics.median(r["rps"] for r in results["1|1 KB html|nginx"])
                 rate = 0.8 * nginx_max
                 for rnd in range(args.rounds):
                     for s in (servers if rnd % 2 == 0 else servers[::-1]):

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 from conftest import DEMO, ROOT, orisha
 
 from orisha.embed.assemble import cache_control

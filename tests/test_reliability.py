@@ -8,13 +8,11 @@ tests that need the server's processes start their own hosted server.
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
@@ -231,7 +229,6 @@ def test_reload_swaps_the_build_with_no_failed_requests(tmp_path, hosted):
 
 
 def test_metrics_and_access_log(builds, hosted, tmp_path):
-    from orisha.core.connection import ERROR_STATUSES  # noqa: F401  (the exposition lists them)
     log = tmp_path / "access.log"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -161,7 +161,6 @@ def test_slow_reader_memory_is_bounded_and_others_are_served(builds):
             h.sendall(b"GET /files/big.txt HTTP/1.1\r\nHost: x\r\n\r\n" * 200)  # 240 MB asked, never read
             hogs.append(h)
         time.sleep(1)
-        t = time.monotonic()
         for _ in range(50):
             assert Conn(s.port).request("/css/site.css").body == demo_file("css/site.css")
         growth = rss_kib(worker) - before
