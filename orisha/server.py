@@ -215,7 +215,10 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
             fd = 1 if access_log == "-" else os.open(access_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
             raise ServeError(f"{access_log}: cannot open the access log ({e.strerror})") from None
-        log = lambda data: os.write(fd, data)  # O_APPEND: each worker's batch lands whole
+        def log(data: bytes) -> None:  # O_APPEND: each worker's batch lands whole in a file
+            view = memoryview(data)
+            while view:  # a pipe (stdout) may take part of a large batch
+                view = view[os.write(fd, view):]
     admin = None
     if admin_port is not None:
         admin = listeners("127.0.0.1", admin_port, 1)[0]
