@@ -111,6 +111,19 @@ def test_headers_of_a_document(port):
     assert r.h("date") == format_http_date(date).decode()  # IMF-fixdate exactly
 
 
+def test_date_is_exact_to_the_second(port):
+    """RFC 9110 §6.6.1: Date is the time the response was generated — not a second late."""
+    c = Conn(port)
+    time.sleep(1.2)  # a just-booted image knows the time exactly from its RTC's first tick on
+    for _ in range(5):
+        time.sleep(1.5 - time.time() % 1)  # mid-second, so the request cannot straddle an edge
+        before = time.time()
+        date = parse_http_date(c.request("/css/site.css").h("date").encode())
+        after = time.time()
+        if int(before) == int(after):
+            assert date == int(before), (date, before)
+
+
 def test_date_advances_each_second(port):
     c = Conn(port)
     first = c.request("/css/site.css").h("date")

@@ -29,7 +29,6 @@ static volatile struct pvclock_time_info kvmclock __attribute__((aligned(64)));
 static uint64_t tsc_boot;       /* TSC at clock init */
 static uint64_t ns_per_tick_q32; /* ns per TSC tick, 32.32 fixed point */
 static uint64_t tsc_hz;
-static uint64_t rtc_unix_at_boot;
 static const char *source = "none";
 static uint64_t rand_state;
 
@@ -156,6 +155,8 @@ static int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
     return era * 146097 + (int64_t)doe - 719468;
 }
 
+static uint8_t rtc_raw_seconds; /* seconds register (as read) behind the last rtc_read_unix */
+
 static uint64_t rtc_read_unix(void)
 {
     uint8_t t[7], u[7];
@@ -174,6 +175,7 @@ static uint64_t rtc_read_unix(void)
         u[3] = cmos_read(0x07); u[4] = cmos_read(0x08); u[5] = cmos_read(0x09);
         u[6] = cmos_read(0x32);
     } while (__builtin_memcmp(t, u, sizeof t) != 0 && ++tries < 10);
+    rtc_raw_seconds = t[0];
     uint8_t b = cmos_read(0x0b);
     int pm = t[2] & 0x80;
     t[2] &= 0x7f;
@@ -205,13 +207,46 @@ void platform_clock_init(void)
         ns_per_tick_q32 = (NSEC_PER_SEC << 32) / tsc_hz;
 }
 
+/* The RTC counts whole seconds and its phase is unknown, so the first reading
+ * can be up to 1 s behind. Rather than wait for the next tick at boot (which
+ * would cost up to a second of boot time), platform_wallclock_poll() watches
+ * the seconds register from the main loop and re-anchors at its first edge:
+ * from then on Date is exact to the second (RFC 9110 §6.6.1). */
+static uint64_t unix_ns_base;   /* unix time in ns at tsc_boot; 0 = no RTC */
+static uint64_t rtc_unix_read;  /* the whole second the RTC showed at init */
+static uint64_t edge_deadline_ns, next_poll_ns;
+static int edge_found;
+
 void platform_wallclock_init(void)
 {
     uint64_t now = rtc_read_unix();
-    /* Anchor so that platform_unix_time() = RTC + time since this read. */
-    uint64_t since_boot = platform_now_ns() / NSEC_PER_SEC;
-    rtc_unix_at_boot = now > since_boot ? now - since_boot : now;
+    uint64_t t = platform_now_ns();
+    rtc_unix_read = now;
+    unix_ns_base = now ? now * NSEC_PER_SEC - t : 0;
+    edge_deadline_ns = t + 1100 * 1000000ull;
+    next_poll_ns = t;
     rand_state = rdtsc() ^ (now << 20) ^ 0x9e3779b97f4a7c15ull;
+}
+
+void platform_wallclock_poll(void)
+{
+    if (edge_found || !unix_ns_base)
+        return;
+    uint64_t t = platform_now_ns();
+    if (t < next_poll_ns)
+        return;
+    if (t > edge_deadline_ns) {  /* no edge seen (a stopped RTC?): keep the 1 s bound */
+        edge_found = 1;
+        return;
+    }
+    next_poll_ns = t + 2 * 1000000ull;  /* 2 ms: the anchor's error, and 2 port reads per poll */
+    if (cmos_read(0x0a) & 0x80)
+        return;  /* update in progress: the seconds register is not stable */
+    if (cmos_read(0x00) != rtc_raw_seconds) {
+        /* The RTC just ticked: this instant is the start of second rtc_unix_read + 1. */
+        unix_ns_base = (rtc_unix_read + 1) * NSEC_PER_SEC - t;
+        edge_found = 1;
+    }
 }
 
 uint64_t platform_tsc_hz(void)
@@ -232,9 +267,9 @@ uint32_t platform_now_ms(void)
 
 uint64_t platform_unix_time(void)
 {
-    if (!rtc_unix_at_boot)
+    if (!unix_ns_base)
         return 0;
-    return rtc_unix_at_boot + platform_now_ns() / NSEC_PER_SEC;
+    return (unix_ns_base + platform_now_ns()) / NSEC_PER_SEC;
 }
 
 const char *platform_clock_source(void)

@@ -99,6 +99,7 @@ void net_init(void)
 static int poll_once(void)
 {
     int n = virtio_net_rx_poll(rx_frame, NULL, 64);
+    platform_wallclock_poll();
     sys_check_timeouts();
     virtio_net_flush();
     return n;

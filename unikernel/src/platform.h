@@ -38,6 +38,7 @@ size_t platform_arena_used(void);
  * the CMOS RTC (any ring). */
 void platform_clock_init(void);
 void platform_wallclock_init(void);
+void platform_wallclock_poll(void);    /* from the main loop: finds the RTC's second edge */
 uint64_t platform_tsc_hz(void);
 uint64_t platform_now_ns(void);        /* monotonic since boot */
 uint32_t platform_now_ms(void);
