@@ -24,7 +24,6 @@ import time
 
 from .core.connection import Limits
 
-ACCELS = ("auto", "kvm", "tcg")
 BOOT_TIMEOUT = 60.0  # seconds from QEMU start to the serving line (TCG on a loaded host is slow)
 # Limits passed to the kernel (the rest, pipeline and grace, have no meaning there).
 _CMDLINE = {"connections": "max_connections", "head": "head_limit", "target": "target_limit",

@@ -27,7 +27,6 @@ import time
 from . import loops
 from .core.connection import ERROR_STATUSES, STATS, STATS_SLOTS, App, Limits
 
-_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP}
 
 
 class ServeError(Exception):
@@ -125,7 +124,6 @@ def _worker(listener: socket.socket, others: list[socket.socket], site, loop_cls
     for sig in (signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else signal.SIG_IGN)
     signal.set_wakeup_fd(-1)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
     loop_cls(listener, App(site, limits, publish=publish, log=log)).run(lambda: bool(stop))
 
 
@@ -190,6 +188,20 @@ def _admin_answer(sock: socket.socket, body_fn) -> None:
             pass
 
 
+def _access_log(path: str):
+    """A writer for access-log batches: appended to PATH, or to stdout for '-'."""
+    try:
+        fd = 1 if path == "-" else os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ServeError(f"{path}: cannot open the access log ({e.strerror})") from None
+
+    def write(data: bytes) -> None:  # O_APPEND: each worker's batch lands whole in a file
+        view = memoryview(data)
+        while view:  # a pipe (stdout) may take part of a large batch
+            view = view[os.write(fd, view):]
+    return write
+
+
 def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | None = None,
         loop: str | None = None, limits: Limits | None = None, announce=print,
         access_log: str | None = None, admin_port: int | None = None) -> int:
@@ -209,16 +221,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         raise ServeError(str(e)) from None
     workers = workers or os.cpu_count() or 1
     limits = limits or Limits()
-    log = None
-    if access_log:
-        try:
-            fd = 1 if access_log == "-" else os.open(access_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise ServeError(f"{access_log}: cannot open the access log ({e.strerror})") from None
-        def log(data: bytes) -> None:  # O_APPEND: each worker's batch lands whole in a file
-            view = memoryview(data)
-            while view:  # a pipe (stdout) may take part of a large batch
-                view = view[os.write(fd, view):]
+    log = _access_log(access_log) if access_log else None
     admin = None
     if admin_port is not None:
         admin = listeners("127.0.0.1", admin_port, 1)[0]

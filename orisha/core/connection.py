@@ -248,11 +248,6 @@ class Connection:
 
     # -- framing ---------------------------------------------------------------
 
-    def _queue(self, *bufs) -> None:
-        for b in bufs:
-            self.out.append(b)
-            self.out_bytes += len(b)
-
     def _error(self, status: int, now: float) -> None:
         self._emit(_error_plan(status, True) + (status,), self.app.tails(now), b"-", now)
 

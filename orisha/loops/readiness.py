@@ -57,7 +57,7 @@ class ReadinessLoop:
         while conns or accepting:
             ready = self._wait(1.0)
             now = time.time()
-            for fd, readable, writable in ready:
+            for fd, readable, _ in ready:  # writable or not, a flush is attempted below
                 if fd == lfd:
                     if accepting and not paused and not self._accept(now):
                         paused = True  # out of descriptors: leave the backlog until the next tick
