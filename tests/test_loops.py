@@ -115,3 +115,20 @@ def test_io_uring_disabled_by_sysctl(tmp_path):
     finally:
         with open(knob, "w") as f:
             f.write(old)
+
+
+def test_io_uring_single_shot_accept_for_kernels_before_5_19(tmp_path):
+    # As on a kernel that answered EINVAL to multishot accept: one accept per submission.
+    prelude = ("import orisha.loops.io_uring as U; _init = U.Loop.__init__\n"
+               "def init(self, *a):\n    _init(self, *a); self.multishot = False\n"
+               "U.Loop.__init__ = init\n")
+    p = _serve_with(prelude, "io-uring", tmp_path)
+    line = p.stdout.readline()
+    try:
+        port = int(re.search(r":(\d+)/", line).group(1))
+        for _ in range(20):  # each new connection needs the accept re-armed
+            assert Conn(port).request("/").status == 200
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=20)
+    assert p.returncode == 0

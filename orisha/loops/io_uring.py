@@ -4,9 +4,9 @@ Strategy: io_uring reports completions, not readiness, so the seam is used
 inverted: a recv is *submitted* whenever the core wants input, and the core
 learns of the bytes when the completion arrives; all of ``outgoing`` is
 submitted as one writev and ``sent`` is called with its result. One multishot
-accept serves every new connection. Each loop iteration queues what the core
-asked for and makes one ``submit_and_wait`` call (with a 1 s timeout for the
-tick), then drains every completion.
+accept serves every new connection (single-shot on kernels before 5.19). Each
+loop iteration queues what the core asked for and makes one ``submit_and_wait``
+call (with a 1 s timeout for the tick), then drains every completion.
 
 Package facts (liburing 2024.5.3; newer wheels on PyPI are built for AVX-512
 and die with SIGILL on other CPUs, hence the pin and the probe in a child
@@ -54,6 +54,7 @@ class Loop:
         self.next_id = 1
         self.addr = L.sockaddr()  # the kernel writes peers' addresses here while accept is armed
         self.accepting = False
+        self.multishot = True
 
     def _sqe(self, user_data: int):
         sqe = L.io_uring_get_sqe(self.ring)
@@ -64,8 +65,10 @@ class Loop:
         return sqe
 
     def _arm_accept(self) -> None:
-        L.io_uring_prep_multishot_accept(self._sqe(ACCEPT), self.listener.fileno(), self.addr,
-                                         socket.SOCK_CLOEXEC)
+        # Multishot accept needs Linux 5.19; older kernels answer EINVAL and get one
+        # accept per submission instead (see the ACCEPT completion below).
+        prep = L.io_uring_prep_multishot_accept if self.multishot else L.io_uring_prep_accept
+        prep(self._sqe(ACCEPT), self.listener.fileno(), self.addr, socket.SOCK_CLOEXEC)
         self.accepting = True
 
     def _service(self, c: _Conn) -> None:
@@ -155,6 +158,8 @@ class Loop:
                             self._accepted(res, now)
                     elif -res in _EXHAUSTED:
                         paused = True  # re-armed at the next tick: no spinning on EMFILE
+                    elif res == -errno.EINVAL and self.multishot:
+                        self.multishot = False  # a kernel before 5.19: single-shot accepts
                     if not self.accepting and not stopped and not paused and res != -errno.ECANCELED:
                         self._arm_accept()
                     continue
