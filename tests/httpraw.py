@@ -93,12 +93,17 @@ class Conn:
         self.sock.close()
 
 
-def exchange(port: int, data: bytes, timeout: float = 10.0) -> bytes:
-    """Send raw bytes, half-close, and read everything until the server closes."""
+def exchange(port: int, data: bytes | list[bytes], timeout: float = 10.0) -> bytes:
+    """Send raw bytes (or several writes), half-close, and read everything until the
+    server closes. The server may answer and close before all is sent: that is fine."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            for chunk in [data] if isinstance(data, bytes) else data:
+                s.sendall(chunk)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:  # EPIPE/ECONNRESET/ENOTCONN: the server already answered and closed
+            pass
         out = b""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

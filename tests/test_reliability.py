@@ -101,25 +101,7 @@ def test_client_that_vanishes_after_sending(port):
                                            b"Content-Length: 2\r\n", b"HEAD / HTTP/1.0\r\n"])),
                 min_size=1, max_size=8))
 def test_random_bytes_over_a_socket(port, chunks):
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    try:
-        try:
-            for c in chunks:
-                s.sendall(c)
-            s.shutdown(socket.SHUT_WR)
-        except OSError:  # EPIPE/ECONNRESET: the server already answered and closed
-            pass
-        data = b""
-        while True:
-            try:
-                got = s.recv(1 << 20)
-            except ConnectionResetError:
-                break
-            if not got:
-                break
-            data += got
-    finally:
-        s.close()
+    data = exchange(port, chunks)
     # the server answered with status lines only and then closed (recv returned): no hang
     assert data == b"" or data.startswith(b"HTTP/1.1 ")
 
