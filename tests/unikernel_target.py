@@ -17,6 +17,8 @@ import sys
 import tempfile
 import threading
 
+from conftest import Server
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,13 +50,7 @@ class Booted:
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 20) -> int:
         try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                raise
+            return Server.stop(self, sig, timeout)
         finally:
             self._cleanup()
 
