@@ -13,6 +13,17 @@
 #define PIT_HZ 1193182u
 #define MSR_KVM_SYSTEM_TIME_NEW 0x4b564d01u
 #define MSR_KVM_SYSTEM_TIME 0x12u
+#define MSR_KVM_WALL_CLOCK_NEW 0x4b564d00u
+#define MSR_KVM_WALL_CLOCK 0x11u
+
+/* KVM writes here the wall-clock time at which kvmclock's system_time was 0. */
+struct pvclock_wall_clock {
+    uint32_t version;
+    uint32_t sec;
+    uint32_t nsec;
+} __attribute__((packed));
+static volatile struct pvclock_wall_clock kvm_wall __attribute__((aligned(16)));
+static uint64_t kvm_unix_ns_at_boot; /* 0 = no kvmclock wall clock: use the RTC */
 
 struct pvclock_time_info {
     uint32_t version;
@@ -50,12 +61,15 @@ static int kvmclock_calibrate(void)
     uint32_t v;
     uint32_t mul;
     int8_t shift;
+    uint64_t stamp, system;
     int tries = 0;
     do {
         v = kvmclock.version;
         compiler_barrier();
         mul = kvmclock.tsc_to_system_mul;
         shift = kvmclock.tsc_shift;
+        stamp = kvmclock.tsc_timestamp;
+        system = kvmclock.system_time;
         compiler_barrier();
         if (++tries > 1000000)
             break;
@@ -64,6 +78,28 @@ static int kvmclock_calibrate(void)
     if (mul == 0)
         return 0;
     ns_per_tick_q32 = shift >= 0 ? (uint64_t)mul << shift : (uint64_t)mul >> -shift;
+    /* The host's wall clock to the nanosecond (the RTC only has whole seconds, and
+     * QEMU starts it on a whole host second): wall = boot epoch + system_time. */
+    wrmsr(msr == MSR_KVM_SYSTEM_TIME_NEW ? MSR_KVM_WALL_CLOCK_NEW : MSR_KVM_WALL_CLOCK,
+          (uint64_t)(uintptr_t)&kvm_wall);
+    uint32_t wv, sec, nsec;
+    tries = 0;
+    do {
+        wv = kvm_wall.version;
+        compiler_barrier();
+        sec = kvm_wall.sec;
+        nsec = kvm_wall.nsec;
+        compiler_barrier();
+        if (++tries > 1000000)
+            break;
+    } while ((wv & 1) || wv != kvm_wall.version);
+    if (sec > 1000000000u) { /* after 2001: a real answer */
+        int64_t ticks = (int64_t)(tsc_boot - stamp); /* TSC at clock init, from the stamp */
+        int64_t delta = ticks >= 0
+            ? (int64_t)(((unsigned __int128)(uint64_t)ticks * ns_per_tick_q32) >> 32)
+            : -(int64_t)(((unsigned __int128)(uint64_t)(-ticks) * ns_per_tick_q32) >> 32);
+        kvm_unix_ns_at_boot = (uint64_t)sec * NSEC_PER_SEC + nsec + system + (uint64_t)delta;
+    }
     tsc_hz = (NSEC_PER_SEC << 32) / ns_per_tick_q32;
     source = "tsc (kvmclock scale)";
     return 1;
@@ -219,6 +255,12 @@ static int edge_found;
 
 void platform_wallclock_init(void)
 {
+    if (kvm_unix_ns_at_boot) { /* exact: no need to watch the RTC */
+        unix_ns_base = kvm_unix_ns_at_boot;
+        edge_found = 1;
+        rand_state = rdtsc() ^ (kvm_unix_ns_at_boot << 7) ^ 0x9e3779b97f4a7c15ull;
+        return;
+    }
     uint64_t now = rtc_read_unix();
     uint64_t t = platform_now_ns();
     rtc_unix_read = now;
