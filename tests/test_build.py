@@ -197,11 +197,16 @@ def test_fallback_must_exist(tmp_path):
     one_line_error(orisha("build", DEMO, "-o", str(tmp_path / "o"), "--fallback", "nope.html"), "nope.html")
 
 
-def test_rebuild_replaces_output(tmp_path):
+def small_site(tmp_path, text: str = "a"):
+    """A one-file site (a.txt) and where its build goes."""
     site = tmp_path / "s"
     site.mkdir()
-    (site / "a.txt").write_text("one")
-    out = tmp_path / "o"
+    (site / "a.txt").write_text(text)
+    return site, tmp_path / "o"
+
+
+def test_rebuild_replaces_output(tmp_path):
+    site, out = small_site(tmp_path, "one")
     assert orisha("build", str(site), "-o", str(out)).returncode == 0
     (site / "a.txt").write_text("two")
     assert orisha("build", str(site), "-o", str(out)).returncode == 0
@@ -210,10 +215,7 @@ def test_rebuild_replaces_output(tmp_path):
 
 
 def test_builtin_404(tmp_path):
-    site = tmp_path / "s"
-    site.mkdir()
-    (site / "a.txt").write_text("a")
-    out = tmp_path / "o"
+    site, out = small_site(tmp_path)
     assert orisha("build", str(site), "-o", str(out)).returncode == 0
     nf = load_site(str(out)).not_found.identity
     assert nf.head.startswith(b"HTTP/1.1 404 Not Found\r\n") and b"404" in bytes(nf.body)

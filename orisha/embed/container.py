@@ -41,6 +41,7 @@ import time
 
 from .. import container as runtime
 from .build import LOOPS, Result, _is_build, build as build_server
+from ..loops import LIBRARIES, LINUX, MODULES
 from .walk import BuildError
 
 PAGE = 1 << 16  # ≥ mmap.ALLOCATIONGRANULARITY on every Linux page size (4, 16, 64 KiB)
@@ -63,21 +64,22 @@ NOT_ASYNCIO = ["asyncio", "ssl", "_ssl", "_hashlib", "uvloop"]
 
 def loop_modules(loop: str) -> tuple[list[str], list[str]]:
     """(modules to bundle, packages to bundle whole) for the loop a build records."""
-    if loop in ("kqueue", "unikernel"):
+    if loop != "auto" and loop not in LINUX:
         raise BuildError(f"--loop {loop}: not available in a Linux container "
-                         "(choose epoll, io-uring, asyncio or auto)")
-    mods = ["orisha.blob", "orisha.core.site", "orisha.loops.epoll"]  # the first two: site.py
+                         f"(choose {', '.join(LINUX)} or auto)")
+    mods = ["orisha.blob", "orisha.core.site", MODULES["epoll"]]  # the first two: site.py
     pkgs: list[str] = []
-    if loop in ("io-uring", "auto") and importlib.util.find_spec("liburing") is not None:
-        mods.append("orisha.loops.io_uring")
-        pkgs += ["liburing", "dynamic_import"]
-    elif loop == "io-uring":
-        raise BuildError("--loop io-uring: the liburing package is not installed "
-                         "(pip install 'orisha[io-uring]')")
-    if loop == "asyncio":
-        mods.append("orisha.loops.asyncio")
-        if importlib.util.find_spec("uvloop") is not None:
-            pkgs.append("uvloop")
+    # auto resolves at start-up: bundle io_uring when its library is here, epoll always.
+    chosen = ["io-uring"] if loop == "auto" else ([] if loop == "epoll" else [loop])
+    for name in chosen:
+        present = [p for p in LIBRARIES[name] if importlib.util.find_spec(p) is not None]
+        if name == "io-uring" and "liburing" not in present:
+            if loop == "auto":
+                continue
+            raise BuildError("--loop io-uring: the liburing package is not installed "
+                             "(pip install 'orisha[io-uring]')")
+        mods.append(MODULES[name])
+        pkgs += present
     return mods, pkgs
 
 

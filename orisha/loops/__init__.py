@@ -21,6 +21,12 @@ MODULES = {
 }
 
 
+# The third-party packages each loop imports (a packager bundles these with the module).
+LIBRARIES = {"epoll": (), "io-uring": ("liburing", "dynamic_import"), "kqueue": (),
+             "asyncio": ("uvloop",)}
+# Loops that can run in a Linux container (kqueue needs a BSD kernel).
+LINUX = ("epoll", "io-uring", "asyncio")
+
 # What ``orisha build --loop`` accepts: the hosted loops, auto, and the booted image.
 BUILD_CHOICES = (*MODULES, "auto", "unikernel")
 
