@@ -40,6 +40,7 @@ def wait_for(pred, timeout=10.0):
 @pytest.fixture(params=LOOPS)
 def server(request, builds):
     s = Server(builds["notfound"], "--loop", request.param, "--workers", "2")
+    s.loop = request.param
     yield s
     s.stop()
 
@@ -47,7 +48,7 @@ def server(request, builds):
 def test_startup_line(server):
     assert server.line.startswith("orisha: serving http://127.0.0.1:")
     assert "2 workers" in server.line and "14 files" in server.line
-    assert f"loop {server.line.split('loop ')[1].split(',')[0]}" in server.line
+    assert f"(loop {server.loop}, 2 workers, pid {server.proc.pid}" in server.line
 
 
 def test_one_worker_per_core_by_default(builds):
