@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from orisha.boot import guest_megabytes, qemu_command, resolve_accel  # noqa: E402
+from orisha.targets.unikernel.boot import guest_megabytes, qemu_command, resolve_accel  # noqa: E402
 
 NS, TAP, HOST_IP = "orisha-bench", "otap0", "10.77.0.1"
 PATHS = {"1 KB css (gzip)": ("/css/site.css", "gzip"), "1.2 MB txt (identity)": ("/files/big.txt", "identity")}

@@ -15,7 +15,7 @@ import os
 def open_blob(module_file: str, name: str, size: int, offset: int | None = None) -> memoryview:
     """Map ``name`` beside ``module_file``; with ``offset``, map ``size`` bytes at that
     (page-aligned) offset of ``module_file`` itself instead — the container executable
-    carries its build appended to it (see orisha/container.py)."""
+    carries its build appended to it (see orisha/targets/container/runtime.py)."""
     if offset is None:
         path = os.path.join(os.path.dirname(os.path.abspath(module_file)), name)
     else:

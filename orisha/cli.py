@@ -13,17 +13,31 @@ import sys
 
 import click
 
-from .core.connection import Limits
+from . import manifest
+from .core.policy import LIMITS, Limits
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
-from .embed.walk import BuildError
+from .errors import BuildError, OrishaError
 from .loops import BUILD_CHOICES as LOOPS
-from .server import ServeError, is_build, run
 
 
 def _fail(message: str) -> None:
     click.echo(f"orisha: error: {message}", err=True)
     sys.exit(1)
+
+
+class _Command(click.Command):
+    """Every expected failure is an ``OrishaError``: printed as one line, exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OrishaError as e:
+            _fail(str(e))
+
+
+class _Group(click.Group):
+    command_class = _Command
 
 
 def _cache_controls(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -44,7 +58,7 @@ def _summary(r) -> str:
             + (f"; {', '.join(parts)} of identity" if parts else "") + f" in {r.seconds:.1f}s")
 
 
-@click.group()
+@click.group(cls=_Group)
 @click.version_option(package_name="orisha")
 def main() -> None:
     """Orisha: a static site compiled into complete HTTP responses."""
@@ -66,35 +80,21 @@ def main() -> None:
                    "(and what the top-level Dockerfile needs).")
 def build(site, out, fallback, not_found, cache_control, loop, no_cache, target) -> None:
     """Compile SITE into responses in OUT."""
-    from .embed.build import build as run_build
-    builder = run_build
     if target == "container":
-        from .embed.container import build as builder
-    try:
-        r = builder(site, out, fallback=fallback, not_found=not_found,
-                    cache_control=_cache_controls(cache_control), loop=loop,
-                    cache=None if no_cache else "", progress=sys.stdout.isatty())
-    except BuildError as e:
-        _fail(str(e))
+        from .targets.container.build import build as builder
+    else:
+        from .embed.build import build as builder
+    r = builder(site, out, fallback=fallback, not_found=not_found,
+                cache_control=_cache_controls(cache_control), loop=loop,
+                cache=None if no_cache else "", progress=sys.stdout.isatty())
     click.echo(_summary(r))
 
 
 def _limit_options(f):
-    d = Limits()
-    for name, kind, help_ in reversed([
-        ("max-connections", int, "Open connections per worker; more get 503."),
-        ("head-limit", int, "Request head bytes (431 above)."),
-        ("target-limit", int, "Request-target bytes (414 above)."),
-        ("body-limit", int, "Request body bytes read and discarded (413 above)."),
-        ("idle-timeout", float, "Seconds an idle keep-alive connection stays open."),
-        ("head-timeout", float, "Seconds to receive a started request head."),
-        ("send-timeout", float, "Seconds a client may take nothing before it is dropped."),
-        ("pipeline", int, "Pipelined requests answered per round."),
-    ]):
-        attr = {"max-connections": "connections", "head-limit": "head", "target-limit": "target",
-                "body-limit": "body"}.get(name, name.replace("-", "_"))
-        f = click.option(f"--{name}", attr, type=kind, default=getattr(d, attr),
-                         show_default=True, help=help_)(f)
+    """One click option per limit in ``orisha.core.policy.LIMITS``."""
+    for limit in reversed(LIMITS):
+        f = click.option(f"--{limit.flag}", limit.attr, type=type(limit.default),
+                         default=limit.default, show_default=True, help=limit.help)(f)
     return f
 
 
@@ -112,19 +112,14 @@ def _limit_options(f):
 @_limit_options
 def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
-    try:
-        if not is_build(path):
-            path = build_into_cache(path, fallback=fallback, not_found=not_found)
-        if loop is None and _is_image(path):  # a unikernel build is served by booting it
-            from .boot import BootError, boot as run_boot
-            try:
-                sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
-            except BootError as e:
-                _fail(str(e))
-        sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
-                     limits=Limits(**limits), access_log=access_log, admin_port=admin_port))
-    except (BuildError, ServeError) as e:
-        _fail(str(e))
+    if not manifest.is_build(path):
+        path = build_into_cache(path, fallback=fallback, not_found=not_found)
+    if loop is None and manifest.read(path).get("loop") == "unikernel":
+        from .targets.unikernel.boot import boot as run_boot  # an image is served by booting it
+        sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
+    from .server import run
+    sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
+                 limits=Limits(**limits), access_log=access_log, admin_port=admin_port))
 
 
 @main.command()
@@ -132,28 +127,15 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Host address QEMU forwards to the guest's port 80.")
 @click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
-@click.option("--workers", type=int, help="Ignored: the unikernel runs one vCPU.")
 @click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto", show_default=True,
               help="QEMU accelerator; auto is KVM when /dev/kvm is usable.")
 @click.option("--memory", type=int, metavar="MB", help="Guest RAM [default: image size + 16 MiB, at least 64].")
 @_limit_options
-def boot(path, host, port, workers, accel, memory, **limits) -> None:
+def boot(path, host, port, accel, memory, **limits) -> None:
     """Boot a unikernel build (orisha build --loop unikernel) under QEMU."""
-    from .boot import BootError, boot as run_boot
-    try:
-        sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
-                          limits=Limits(**limits)))
-    except BootError as e:
-        _fail(str(e))
-
-
-def _is_image(path: str) -> bool:
-    import json
-    try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            return json.load(f).get("loop") == "unikernel"
-    except (OSError, ValueError):  # checked by is_build already; not an image then
-        return False
+    from .targets.unikernel.boot import boot as run_boot
+    sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
+                      limits=Limits(**limits)))
 
 
 def build_into_cache(site: str, **options) -> str:
@@ -161,9 +143,7 @@ def build_into_cache(site: str, **options) -> str:
     if not os.path.isdir(site):
         raise BuildError(f"{site}: neither an Orisha build nor a site directory")
     key = hashlib.blake2b(os.path.realpath(site).encode(), digest_size=8).hexdigest()
-    base = os.environ.get("ORISHA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "orisha")
-    out = os.path.join(base, "builds", key)
+    out = manifest.cache_root("builds", key)
     from .embed.build import build as run_build
     r = run_build(site, out, progress=sys.stdout.isatty(), **options)
     click.echo(_summary(r))

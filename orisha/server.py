@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import gc
 import importlib.util
-import json
 import mmap
 import os
 import select
@@ -25,20 +24,10 @@ import sys
 import time
 
 from . import loops
-from .core.connection import ERROR_STATUSES, STATS, STATS_SLOTS, App, Limits
-
-
-
-class ServeError(Exception):
-    """A start-up problem, reported as one line."""
-
-
-def is_build(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            return json.load(f).get("generator") == "orisha"
-    except (OSError, ValueError):  # not there or not ours
-        return False
+from .core.connection import App
+from .core.policy import ERROR_STATUSES, STATS, STATS_SLOTS, Limits, Stat
+from .errors import LoopUnavailable, ServeError
+from .manifest import is_build
 
 
 def load_site(build_dir: str):
@@ -109,7 +98,7 @@ class _Shared:
     def release(self, slot: int, index: int) -> None:
         acc = self.retired.setdefault(index, [0] * STATS_SLOTS)
         for k, v in enumerate(self.read(slot)):
-            if k != 3:  # open connections is a gauge: a dead worker has none
+            if k != Stat.OPEN_CONNECTIONS:  # a gauge: a dead worker has none
                 acc[k] += v
         self.free.append(slot)
 
@@ -217,7 +206,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         print(f"orisha: {note}", file=sys.stderr)
     try:
         loop_cls = loops.load(name)
-    except loops.LoopUnavailable as e:
+    except LoopUnavailable as e:
         raise ServeError(str(e)) from None
     workers = workers or os.cpu_count() or 1
     limits = limits or Limits()

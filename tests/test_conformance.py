@@ -119,7 +119,7 @@ def test_date_is_exact_to_the_second(port, loop):
     host's *whole* second, so there Date may lag by less than a second
     (unikernel/README.md) — that documented bound is what is asserted for TCG.
     """
-    from orisha.boot import resolve_accel
+    from orisha.targets.unikernel.boot import resolve_accel
     tcg = loop == "unikernel" and resolve_accel("auto") == "tcg"
     c = Conn(port)
     time.sleep(1.2)  # a just-booted image re-anchors its clock at the RTC's first tick

@@ -174,7 +174,7 @@ def test_sigterm_finishes_in_flight_responses_and_stops_quickly(demo):
             r = c.read()
             assert r.status == 200 and r.body == demo_file("files/big.txt")
         # The server has closed; so does a client that got everything (docker-proxy passes
-        # it on, and the container waits for that close before it exits: orisha.container.drain).
+        # it on, and the container waits for that close before it exits: orisha.targets.container.runtime.drain).
         assert c.closed(5)
         c.sock.close()
         th.join(30)

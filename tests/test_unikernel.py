@@ -45,8 +45,8 @@ def image(tmp_path_factory):
 
 def test_boot_serve_and_stop(image):
     started = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "boot", image, "--port", "0",
-                          "--workers", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "boot", image, "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=ROOT)
     try:
         line = p.stdout.readline()

@@ -21,65 +21,62 @@ at most one read's worth of unparsed bytes plus references to constant bodies.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
-from .request import KNOWN_METHODS, SAFE_METHODS, HttpError, parse_head
+from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, REASONS, SAFE_METHODS,
+                     STATS_SLOTS, Limits, Stat)
+from .request import HttpError, parse_head
 from .site import IDENTITY, Entry, Redirect, Site
 
 
-class Limits:
-    """Per-worker limits; every one is configurable from the CLI."""
-
-    __slots__ = ("head", "target", "body", "idle_timeout", "head_timeout", "send_timeout",
-                 "pipeline", "connections", "grace")
-
-    def __init__(self, head: int = 8192, target: int = 4096, body: int = 1 << 20,
-                 idle_timeout: float = 15.0, head_timeout: float = 10.0,
-                 send_timeout: float = 60.0, pipeline: int = 32,
-                 connections: int = 10000, grace: float = 8.0) -> None:
-        self.head = head                  # request head bytes before 431
-        self.target = target              # request-target bytes before 414
-        self.body = body                  # request body bytes read and discarded before 413
-        self.idle_timeout = idle_timeout  # keep-alive connection with nothing to do
-        self.head_timeout = head_timeout  # a started head (or body) that stalls: slowloris
-        self.send_timeout = send_timeout  # a reader that takes nothing for this long
-        self.pipeline = pipeline          # responses produced per round before waiting for the writes
-        self.connections = connections    # open connections per worker; more get 503 and close
-        self.grace = grace                # on stop, how long in-flight responses may take
+class Tail:
+    """Which end-of-head lines follow a planned head (indexes ``App.tails``)."""
+    KEEP_ALIVE, CLOSE, KEEP_ALIVE_10 = 0, 1, 2
 
 
-_REASONS = {400: b"Bad Request", 403: b"Forbidden", 405: b"Method Not Allowed",
-            406: b"Not Acceptable", 408: b"Request Timeout", 411: b"Length Required",
-            413: b"Content Too Large", 414: b"URI Too Long",
-            431: b"Request Header Fields Too Large", 501: b"Not Implemented",
-            503: b"Service Unavailable", 505: b"HTTP Version Not Supported"}
-# After these the request stream cannot be trusted (or the client is gone): close.
-_FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
+class Close:
+    """What a plan does to the connection after its response."""
+    NO, AFTER, FATAL = 0, 1, 2  # keep it; close once written; close and drop the unparsed rest
+
+
+class Plan(NamedTuple):
+    """Everything one request head decides, memoised by the exact head bytes.
+
+    ``head``: the status line and fields up to (not including) the Date line;
+    ``tail``: a ``Tail`` value; ``body``: bytes or a memoryview of the blob;
+    ``close``: a ``Close`` value; ``discard``: request body bytes to skip;
+    ``status``: for counters and the access log.
+    """
+    head: bytes
+    tail: int
+    body: bytes
+    close: int
+    discard: int
+    status: int
 
 
 def _error_response(status: int) -> tuple[bytes, bytes]:
-    body = b"%d %s\n" % (status, _REASONS[status])
+    reason = REASONS[status]
+    body = b"%d %s\n" % (status, reason)
     head = b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n" % (
-        status, _REASONS[status], len(body))
+        status, reason, len(body))
     if status in (405, 501):
-        head += b"Allow: GET, HEAD\r\n"
+        head += b"Allow: " + ALLOW + b"\r\n"
     if status == 503:
         head += b"Retry-After: 1\r\n"
+    if status == 406:  # only ever sent by negotiation: the answer varies with Accept-Encoding
+        head += b"Vary: Accept-Encoding\r\n"
     return head, body
 
 
-_ERRORS = {status: _error_response(status) for status in _REASONS}
+# The built-in error responses: status → (head without Date, body). The C core's
+# image carries these same bytes (orisha/targets/unikernel/image.py).
+ERRORS = {status: _error_response(status) for status in ERROR_PAGES}
 _END = re.compile(rb"\r?\n\r?\n")
 _PLANS_MAX = 4096       # memoised request heads per worker
 _PLAN_HEAD_MAX = 1024   # longer heads are planned every time (at most ~4 MiB memoised)
-
-
-# Counters a worker keeps (see ``App.stats``), in the order they are published.
-STATS = ("requests", "response_bytes", "connections", "open_connections")
-ERROR_STATUSES = (400, 404, 405, 406, 408, 411, 413, 414, 416, 431, 501, 503, 505)
-_ERROR_INDEX = {status: len(STATS) + i for i, status in enumerate(ERROR_STATUSES)}
-STATS_SLOTS = len(STATS) + len(ERROR_STATUSES)
 
 
 class App:
@@ -102,7 +99,7 @@ class App:
         self.log_lines: list[bytes] | None = [] if log is not None else None
         # Plans memoised by the exact head bytes: clients repeat the same heads, and a
         # plan depends on nothing else. Bounded in entries and in head size.
-        self.plans: dict[bytes, tuple] = {}
+        self.plans: dict[bytes, Plan] = {}
         self._second = -1
         self._tails = (b"", b"", b"")
 
@@ -122,16 +119,15 @@ class App:
 
     def tick(self, now: float) -> None:
         """Once a second: hand counters and access-log lines to whoever wants them."""
-        self.stats[3] = self.open
+        self.stats[Stat.OPEN_CONNECTIONS] = self.open
         if self.publish is not None:
             self.publish(self.stats)
         if self.log_lines:
             data, self.log_lines[:] = b"".join(self.log_lines), []
             self.log(data)
 
-    def plan(self, head: bytes) -> tuple:
+    def plan(self, head: bytes) -> Plan:
         plan = answer(self.site, self.routes, self.limits, head)
-        plan += (int(plan[0][9:12]),)  # the status, for counters and the access log
         if len(head) <= _PLAN_HEAD_MAX:
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
@@ -140,7 +136,7 @@ class App:
 
     def connect(self, now: float, peer: str = "-") -> "Connection":
         conn = Connection(self, now, peer)
-        self.stats[2] += 1
+        self.stats[Stat.CONNECTIONS] += 1
         if self.open > self.limits.connections:
             conn._error(503, now)
         return conn
@@ -249,19 +245,19 @@ class Connection:
     # -- framing ---------------------------------------------------------------
 
     def _error(self, status: int, now: float) -> None:
-        self._emit(_error_plan(status, True) + (status,), self.app.tails(now), b"-", now)
+        self._emit(_error_plan(status), self.app.tails(now), b"-", now)
 
-    def _emit(self, plan: tuple, tails: tuple, request: bytes, now: float) -> None:
-        head, kind, body, close, discard, status = plan
+    def _emit(self, plan: Plan, tails: tuple, request: bytes, now: float) -> None:
+        head, tail, body, close, discard, status = plan
         stats = self.app.stats
-        stats[0] += 1
-        stats[1] += len(body)
+        stats[Stat.REQUESTS] += 1
+        stats[Stat.RESPONSE_BYTES] += len(body)
         if status >= 400:
-            stats[_ERROR_INDEX[status]] += 1
+            stats[Stat.ERROR[status]] += 1
         if self.app.log_lines is not None:
             self.app.log_lines.append(_log_line(self.peer, now, request, status, len(body)))
         out = self.out
-        tail = tails[kind]
+        tail = tails[tail]
         out.append(head)
         out.append(tail)
         self.out_bytes += len(head) + len(tail)
@@ -270,7 +266,7 @@ class Connection:
             self.out_bytes += len(body)
         if close:
             self.close_after = True
-            if close is _FATAL_CLOSE:
+            if close == Close.FATAL:
                 self.buf = b""  # the rest of the stream cannot be framed: drop it
         self.discard = discard
 
@@ -300,7 +296,7 @@ class Connection:
                 if m is None:
                     if len(buf) > limits.head:
                         status = 414 if b"\n" not in buf[:limits.head] else 431
-                        self._emit(_error_plan(status, True) + (status,), tails, buf[:200], now)
+                        self._emit(_error_plan(status), tails, buf[:200], now)
                     break
                 end, rest = m.start(), m.end()
                 head = buf[:end]
@@ -319,15 +315,13 @@ class Connection:
             self._finish(now)
 
 
-_FATAL_CLOSE = 2  # ``close`` value in a plan: close and drop the unparsed rest
 _LINGER = 2.0     # seconds a closing connection drains input waiting for the peer's EOF
 
 
-def _error_plan(status: int, get: bool) -> tuple:
-    head, body = _ERRORS[status]
-    if status in _FATAL:
-        return head, 1, body, _FATAL_CLOSE, 0
-    return head, 0, body if get else b"", False, 0
+def _error_plan(status: int) -> Plan:
+    """A built-in error after which the stream cannot be framed (every status in FATAL)."""
+    head, body = ERRORS[status]
+    return Plan(head, Tail.CLOSE, body, Close.FATAL, 0, status)
 
 
 _UNSAFE = re.compile(rb'[^\x20-\x7e]|["\\]')
@@ -346,17 +340,54 @@ def _tokens(value: bytes | None) -> set[bytes]:
     return {t.strip().lower() for t in value.split(b",")} if value else set()
 
 
-def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> tuple:
-    """The plan for one request head: (head bytes, tail kind, body, close, body bytes to skip).
+def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
+    """The plan for one request head.
 
-    Tail kind indexes ``App.tails``: 0 keep-alive, 1 close, 2 HTTP/1.0 keep-alive.
     A plan depends on nothing but the head bytes and the build, so plans can be
     memoised; the Date line is the only per-second part and lives in the tail.
     """
     try:
         req = parse_head(head, limits.target)
     except HttpError as e:
-        return _error_plan(e.status, True)
+        return _error_plan(e.status)
+    fields = req.fields
+    framing = _framing(req, limits)
+    if framing.__class__ is Plan:
+        return framing
+    tail, close, discard = framing
+    method = req.method
+    if method not in SAFE_METHODS:
+        h, b = ERRORS[405 if method in KNOWN_METHODS else 501]
+        return Plan(h, tail, b, close, discard, 405 if method in KNOWN_METHODS else 501)
+    get = method == b"GET"
+
+    target = routes.get(req.path)
+    if target is None:
+        key = route_key(req.path)
+        if key is None:
+            return _error_plan(400)
+        target = routes.get(key)
+        if target is None:
+            target = site.fallback or site.not_found
+    if target.__class__ is Redirect:
+        q = b"?" + req.query if req.query is not None else b""
+        return Plan(target.location + q + target.tail, tail, b"", close, discard, 301)
+
+    entry: Entry = target
+    mask = accept_encoding_mask(fields.get(b"accept-encoding"))
+    v = entry.choice[mask]
+    if v is None:
+        h, b = ERRORS[406]
+        return Plan(h, tail, b if get else b"", close, discard, 406)
+    if entry.conditional:
+        plan = _conditional(entry, v, fields, get and mask & IDENTITY, tail, close, discard)
+        if plan is not None:
+            return plan
+    return Plan(v.head, tail, v.body if get else b"", close, discard, entry.status)
+
+
+def _framing(req, limits: Limits):
+    """(tail, close, body bytes to skip) for a parsed request, or the error Plan."""
     fields = req.fields
     te = fields.get(b"transfer-encoding")
     cl = fields.get(b"content-length")
@@ -365,71 +396,51 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> tuple:
         # RFC 9112 §6.1/§6.3: TE with CL is a smuggling attempt; a chunked body we
         # will not read (411 asks for a length); any other coding cannot be framed.
         if cl is not None or req.minor == 0:
-            return _error_plan(400, True)
-        return _error_plan(411 if te.rpartition(b",")[2].strip().lower() == b"chunked" else 400, True)
+            return _error_plan(400)
+        return _error_plan(411 if te.rpartition(b",")[2].strip().lower() == b"chunked" else 400)
     if cl is not None:
+        # RFC 9110 §8.6: Content-Length = 1*DIGIT (ASCII digits only).
         if not cl.isdigit() or len(cl) > 18:
-            return _error_plan(400, True)
+            return _error_plan(400)
         discard = int(cl)
         if discard > limits.body:
-            return _error_plan(413, True)
-
+            return _error_plan(413)
     conn = _tokens(fields.get(b"connection"))
     if req.minor >= 1:
-        kind, close = (1, True) if b"close" in conn else (0, False)
-    elif b"keep-alive" in conn:
-        kind, close = 2, False
+        if b"close" in conn:
+            return Tail.CLOSE, Close.AFTER, discard
+        return Tail.KEEP_ALIVE, Close.NO, discard
+    if b"keep-alive" in conn:
+        return Tail.KEEP_ALIVE_10, Close.NO, discard
+    return Tail.CLOSE, Close.AFTER, discard
+
+
+def _conditional(entry: Entry, v, fields: dict, ranged: int, tail: int, close: int,
+                 discard: int) -> Plan | None:
+    """304, 206 or 416 for a document that takes preconditions and ranges; None for its 200."""
+    inm = fields.get(b"if-none-match")
+    if inm is not None:
+        if none_match(inm, v.etag):
+            return Plan(v.head_304, tail, b"", close, discard, 304)
     else:
-        kind, close = 1, True
-
-    method = req.method
-    if method not in SAFE_METHODS:
-        h, b = _ERRORS[405 if method in KNOWN_METHODS else 501]
-        return h, kind, b, close, discard
-    get = method == b"GET"
-
-    target = routes.get(req.path)
-    if target is None:
-        key = route_key(req.path)
-        if key is None:
-            return _error_plan(400, True)
-        target = routes.get(key)
-        if target is None:
-            target = site.fallback or site.not_found
-    if target.__class__ is Redirect:
-        q = b"?" + req.query if req.query is not None else b""
-        return target.location + q + target.tail, kind, b"", close, discard
-
-    entry: Entry = target
-    mask = accept_encoding_mask(fields.get(b"accept-encoding"))
-    v = entry.choice[mask]
-    if v is None:
-        h, b = _ERRORS[406]
-        return h + b"Vary: Accept-Encoding\r\n", kind, b if get else b"", close, discard
-    if entry.conditional:
-        inm = fields.get(b"if-none-match")
-        if inm is not None:
-            if none_match(inm, v.etag):
-                return v.head_304, kind, b"", close, discard
-        else:
-            ims = fields.get(b"if-modified-since")
-            if ims:
-                t = parse_http_date(ims)
-                if t is not None and entry.last_modified <= t:
-                    return v.head_304, kind, b"", close, discard
-        rng = fields.get(b"range") if get else None
-        if rng and mask & IDENTITY and _if_range(fields.get(b"if-range"), entry):
-            ident = entry.identity
-            r = byte_range(rng, ident.length)
-            if r is False:
-                return entry.head_416, kind, b"", close, discard
-            if r is not None:
-                first, last = r
-                return (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
-                        b"Content-Length: %d\r\n%s" % (first, last, ident.length, last - first + 1,
-                                                          ident.fields),
-                        kind, ident.body[first:last + 1], close, discard)
-    return v.head, kind, v.body if get else b"", close, discard
+        ims = fields.get(b"if-modified-since")
+        if ims:
+            t = parse_http_date(ims)
+            if t is not None and entry.last_modified <= t:
+                return Plan(v.head_304, tail, b"", close, discard, 304)
+    rng = fields.get(b"range") if ranged else None
+    if not rng or not _if_range(fields.get(b"if-range"), entry):
+        return None
+    ident = entry.identity
+    r = byte_range(rng, ident.length)
+    if r is False:
+        return Plan(entry.head_416, tail, b"", close, discard, 416)
+    if r is None:
+        return None
+    first, last = r
+    head = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
+            b"Content-Length: %d\r\n%s" % (first, last, ident.length, last - first + 1, ident.fields))
+    return Plan(head, tail, ident.body[first:last + 1], close, discard, 206)
 
 
 def _if_range(value: bytes | None, entry: Entry) -> bool:

@@ -11,8 +11,6 @@ import re
 
 from .site import CODING_BITS, IDENTITY
 
-_ALL_CODINGS = 15
-
 # Accept-Encoding values repeat across requests (every browser sends one of a
 # handful), so parsed masks are cached; the cache is bounded so hostile
 # clients cannot grow it.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from .policy import SAFE_METHODS
+
 
 class HttpError(Exception):
     """A request the core refuses; ``status`` is the response it deserves."""
@@ -27,10 +29,6 @@ _FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[^\x00-\x08\x0a-
 _VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
 _TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")
 _ABSOLUTE = re.compile(rb"[Hh][Tt][Tt][Pp][Ss]?://[^/?#]*")
-
-SAFE_METHODS = frozenset((b"GET", b"HEAD"))
-# Methods a static site knows but cannot perform: 405 with Allow (RFC 9110 §15.5.6).
-KNOWN_METHODS = frozenset((b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"CONNECT", b"TRACE"))
 
 # Fields the core reads; the rest are validated and dropped.
 _SINGLE = {b"host", b"content-length", b"if-modified-since", b"range", b"if-range"}

@@ -39,13 +39,15 @@ class Variant:
 class Entry:
     """A routable document: its variants, validators and negotiation table."""
 
-    __slots__ = ("variants", "choice", "identity", "last_modified", "conditional", "head_416")
+    __slots__ = ("variants", "choice", "identity", "last_modified", "conditional", "head_416",
+                 "status")
 
     def __init__(self, variants: tuple[Variant, ...], last_modified: int,
                  conditional: bool = True) -> None:
         self.variants = tuple(sorted(variants, key=lambda v: (v.length, v.bit)))
         self.identity = next(v for v in self.variants if v.coding == b"identity")
         self.last_modified = last_modified
+        self.status = int(self.identity.head[9:12])  # 200, or 404 for a not-found page
         # 404 pages are not subject to conditionals or ranges (RFC 9110 §13.2.1: preconditions
         # apply only where the response would otherwise be 2xx).
         self.conditional = conditional

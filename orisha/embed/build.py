@@ -8,7 +8,6 @@ only if it is itself an Orisha build: a build never deletes a user's files.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -18,9 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import assemble, compress, emit
-from .walk import BuildError, walk
-
+from .. import manifest
+from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
+from .walk import SourceFile, walk
 
 
 @dataclass
@@ -32,14 +32,6 @@ class Result:
     summary: str
 
 
-def _is_build(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            return json.load(f).get("generator") == "orisha"
-    except (OSError, ValueError):  # no manifest or not JSON: not ours
-        return False
-
-
 def _check_doc(site: str, rel: str | None, option: str) -> str | None:
     if rel is None:
         return None
@@ -47,6 +39,15 @@ def _check_doc(site: str, rel: str | None, option: str) -> str | None:
     if not os.path.isfile(os.path.join(site, rel)):
         raise BuildError(f"{os.path.join(site, rel)}: {option} file does not exist in the site")
     return rel
+
+
+def check_out(site: str, out: str) -> None:
+    """OUT must not be inside SITE and may replace only an earlier build (or nothing)."""
+    real_site, real_out = os.path.realpath(site), os.path.realpath(out)
+    if real_out == real_site or real_out.startswith(real_site + os.sep):
+        raise BuildError(f"{out}: the output directory is inside the site directory {site}")
+    if not manifest.replaceable(out):
+        raise BuildError(f"{out}: exists and is not an Orisha build; refusing to replace it")
 
 
 def build(site: str, out: str, *, fallback: str | None = None, not_found: str | None = None,
@@ -60,40 +61,15 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     if not os.path.isdir(site):
         raise BuildError(f"{site}: no such directory" if not os.path.exists(site)
                          else f"{site}: not a directory")
-    real_site, real_out = os.path.realpath(site), os.path.realpath(out)
-    if real_out == real_site or real_out.startswith(real_site + os.sep):
-        raise BuildError(f"{out}: the output directory is inside the site directory {site}")
-    if os.path.exists(out) and not (os.path.isdir(out) and (not os.listdir(out) or _is_build(out))):
-        raise BuildError(f"{out}: exists and is not an Orisha build; refusing to replace it")
+    check_out(site, out)
     fallback = _check_doc(site, fallback, "--fallback")
     not_found = _check_doc(site, not_found, "--not-found")
     overrides = cache_control or []
-    if cache == "":
-        cache = compress.default_cache_dir()
 
     files = walk(site, warn)
-    datas: list[bytes] = []
-    for f in files:
-        try:
-            with open(f.path, "rb") as fh:
-                datas.append(fh.read())
-        except OSError as e:
-            raise BuildError(f"{f.path}: cannot read ({e.strerror})") from None
-
-    from .mime import compressible, content_type
-    todo = [i for i, f in enumerate(files)
-            if datas[i] and compressible(content_type(f.rel))]
-    jobs = [(files[i].path, compress.cache_key(datas[i]), len(datas[i])) for i in todo]
-    encoded: list[dict[str, bytes] | None] = [None] * len(files)
-    if progress:
-        import click
-        with click.progressbar(length=len(jobs), label="compressing", file=sys.stdout) as bar:
-            results = compress.compress_all(jobs, cache, bar.update)
-    else:
-        results = compress.compress_all(jobs, cache, lambda n: None)
-    for i, r in zip(todo, results):
-        encoded[i] = r
-
+    datas = [_read(f) for f in files]
+    encoded = _compress(files, datas, compress.default_cache_dir() if cache == "" else cache,
+                        progress)
     docs = [assemble.document(f.rel, datas[i], f.mtime, encoded[i], overrides)
             for i, f in enumerate(files)]
     if not_found:
@@ -105,22 +81,59 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
                                status="404 Not Found")
     table = assemble.routes([f.rel for f in files])
 
-    totals = {c: 0 for c in ("identity", "gzip", "br", "zstd")}
+    totals = {c: 0 for c in ("identity", *compress.CODINGS)}
     for d in docs:
         for v in d.variants:
             totals[v.coding] += len(v.body)
     summary = (f"{len(files)} files, {totals['identity']} bytes"
-               + "".join(f", {c} {totals[c]}" for c in ("gzip", "br", "zstd") if totals[c]))
+               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c]))
 
+    def write(tmp: str) -> None:
+        emit.write(tmp, docs, table, nf, fallback, loop, summary,
+                   {"files": len(files), "bytes": totals})
+        if loop == "unikernel":  # the image is linked from the same documents
+            from ..targets.unikernel import image
+            image.write(tmp, docs, table, nf, fallback)
+    replace_dir(out, write)
+    return Result(out, len(files), totals, time.monotonic() - started, summary)
+
+
+def _read(f: SourceFile) -> bytes:
+    try:
+        with open(f.path, "rb") as fh:
+            return fh.read()
+    except OSError as e:
+        raise BuildError(f"{f.path}: cannot read ({e.strerror})") from None
+
+
+def _compress(files: list[SourceFile], datas: list[bytes], cache: str | None,
+              progress: bool) -> list[dict[str, bytes] | None]:
+    """Every coding of every compressible file (None for the rest), in file order."""
+    from .mime import compressible, content_type
+    todo = [i for i, f in enumerate(files) if datas[i] and compressible(content_type(f.rel))]
+    jobs = [(files[i].path, compress.cache_key(datas[i]), len(datas[i])) for i in todo]
+    if progress:
+        import click
+        with click.progressbar(length=len(jobs), label="compressing", file=sys.stdout) as bar:
+            results = compress.compress_all(jobs, cache, bar.update)
+    else:
+        results = compress.compress_all(jobs, cache, lambda n: None)
+    encoded: list[dict[str, bytes] | None] = [None] * len(files)
+    for i, r in zip(todo, results):
+        encoded[i] = r
+    return encoded
+
+
+def replace_dir(out: str, fill: Callable[[str], None]) -> None:
+    """Run ``fill(tmp)`` on a fresh folder beside OUT, then put it in OUT's place.
+
+    A failure anywhere leaves OUT as it was (the caller checked that OUT may be
+    replaced: ``check_out``)."""
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".orisha-build-", dir=parent)
     try:
-        emit.write(tmp, docs, table, nf, fallback, loop, summary,
-                   {"files": len(files), "bytes": totals})
-        if loop == "unikernel":
-            from . import image
-            image.write(tmp, docs, table, nf, fallback)
+        fill(tmp)
         os.chmod(tmp, 0o755)
         if os.path.exists(out):
             old = tempfile.mkdtemp(prefix=".orisha-old-", dir=parent)
@@ -132,4 +145,3 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Result(out, len(files), totals, time.monotonic() - started, summary)

@@ -21,6 +21,8 @@ from typing import Callable, Iterable
 import brotli
 import zstandard
 
+from ..manifest import cache_root
+
 BIG = 4 << 20
 CODINGS = ("gzip", "br", "zstd")
 _VERSIONS = f"gz9-br{brotli.__version__}-zstd{zstandard.__version__}-19"
@@ -35,9 +37,7 @@ def _encode(coding: str, data: bytes) -> bytes:
 
 
 def default_cache_dir() -> str:
-    base = os.environ.get("ORISHA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "orisha")
-    return os.path.join(base, "compressed")
+    return cache_root("compressed")
 
 
 def _job(args: tuple[str, str, str, str | None]) -> bytes:

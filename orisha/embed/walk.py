@@ -13,9 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-
-class BuildError(Exception):
-    """A build that cannot go on; the message names the path and the problem."""
+from ..errors import BuildError
 
 
 @dataclass(frozen=True)

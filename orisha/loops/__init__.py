@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import select
+import signal
 import sys
+
+from ..errors import LoopUnavailable
 
 MODULES = {
     "epoll": "orisha.loops.epoll",
@@ -31,12 +35,24 @@ LINUX = ("epoll", "io-uring", "asyncio")
 BUILD_CHOICES = (*MODULES, "auto", "unikernel")
 
 
-class LoopUnavailable(Exception):
-    """The loop cannot run here; the message says why."""
+_PROBED: dict[str, str | None] = {}
 
 
 def io_uring_problem() -> str | None:
-    """Why io_uring cannot be used here, or None. Does not import liburing."""
+    """Why io_uring cannot be used here, or None. The answer is kept for the process.
+
+    The parent never imports liburing: the probe runs in a forked child, because
+    the kernel may refuse io_uring_setup (ENOSYS, EPERM from seccomp or sysctl 1)
+    and some liburing wheels die with SIGILL on CPUs without AVX-512 — a crash a
+    process cannot catch in itself. A fork (not ``sys.executable -c``) works the
+    same in the frozen container executable, where there is no interpreter to run.
+    """
+    if "io-uring" not in _PROBED:
+        _PROBED["io-uring"] = _probe_io_uring()
+    return _PROBED["io-uring"]
+
+
+def _probe_io_uring() -> str | None:
     if not sys.platform.startswith("linux"):
         return "not Linux"
     try:
@@ -47,24 +63,31 @@ def io_uring_problem() -> str | None:
         pass
     if importlib.util.find_spec("liburing") is None:
         return "the liburing package is not installed"
-    # Probe in a child process: the kernel may refuse io_uring_setup (ENOSYS, EPERM from
-    # seccomp or sysctl 1), and some liburing wheels die with SIGILL on CPUs without
-    # AVX-512 — a crash a process cannot catch in itself. The parent never imports liburing.
-    import signal
-    import subprocess
-    probe = ("import liburing as L\n"
-             "if not hasattr(L, 'io_uring'): raise SystemExit("
-             "'liburing ' + L.__version__ + ' lacks the 2024.x API (pip install liburing==2024.5.3)')\n"
-             "r = L.io_uring(); L.io_uring_queue_init(8, r); L.io_uring_queue_exit(r)\n")
-    try:
-        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"probe failed to run ({e})"
-    if r.returncode < 0:
-        return f"the liburing probe was killed by {signal.Signals(-r.returncode).name}"
-    if r.returncode:
-        lines = r.stderr.strip().splitlines()
-        return lines[-1] if lines else f"the liburing probe exited with {r.returncode}"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reports a problem on the pipe and never returns
+        os.close(r)
+        code = 0
+        try:
+            import liburing as L
+            if not hasattr(L, "io_uring"):
+                raise ImportError(f"liburing {L.__version__} lacks the 2024.x API "
+                                  "(pip install liburing==2024.5.3)")
+            ring = L.io_uring()
+            L.io_uring_queue_init(8, ring)
+            L.io_uring_queue_exit(ring)
+        except BaseException as e:  # any failure is the answer; the child must not return
+            os.write(w, str(e).encode()[:500] or type(e).__name__.encode())
+            code = 1
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        message = f.read().decode(errors="replace")
+    status = os.waitpid(pid, 0)[1]
+    if os.WIFSIGNALED(status):
+        return f"the liburing probe was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    if os.waitstatus_to_exitcode(status):
+        return message or f"the liburing probe exited with {os.waitstatus_to_exitcode(status)}"
     return None
 
 
@@ -74,12 +97,10 @@ def resolve(name: str) -> tuple[str, str | None]:
         return name, None
     if hasattr(select, "kqueue"):
         return "kqueue", None
-    if "io-uring" in MODULES:
-        problem = io_uring_problem()
-        if problem is None:
-            return "io-uring", None
-        return "epoll", f"io_uring unavailable ({problem}); using epoll"
-    return "epoll", None
+    problem = io_uring_problem()
+    if problem is None:
+        return "io-uring", None
+    return "epoll", f"io_uring unavailable ({problem}); using epoll"
 
 
 def load(name: str):

@@ -19,7 +19,7 @@ struct core_limits core_limits = {
     .idle_ms = 15000, .head_ms = 10000, .send_ms = 60000, .connections = 10000,
 };
 
-/* ---- the site image (orisha/embed/image.py) ------------------------------ */
+/* ---- the site image (orisha/targets/unikernel/image.py) ------------------------------ */
 
 #define MAGIC 0x4953524fu
 #define NONE 0xffffffffu

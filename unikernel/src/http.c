@@ -330,14 +330,14 @@ static void limits_from_cmdline(void)
         l->head_ms = v;
     if (option("send_timeout", 1000, &v))
         l->send_ms = v;
-    if (option("body_limit", 1, &v))
+    if (option("body", 1, &v))
         l->body = v;
-    if (option("max_connections", 1, &v))
+    if (option("connections", 1, &v))
         l->connections = v > 0xffffffffu ? 0xffffffffu : (uint32_t)v;
     /* The buffers are sized at compile time: larger limits are clamped (and said so). */
-    if (option("head_limit", 1, &v))
+    if (option("head", 1, &v))
         l->head = v > CORE_HEAD_MAX ? CORE_HEAD_MAX : (uint32_t)v;
-    if (option("target_limit", 1, &v))
+    if (option("target", 1, &v))
         l->target = v > CORE_TARGET_MAX ? CORE_TARGET_MAX : (uint32_t)v;
     if (l->head < 16)
         l->head = 16;

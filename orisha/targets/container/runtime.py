@@ -1,6 +1,6 @@
 """The container executable's entry point: serve the build appended to this very file.
 
-Strategy: ``orisha build SITE --target container`` (orisha/embed/container.py)
+Strategy: ``orisha build SITE --target container`` (orisha/targets/container/build.py)
 freezes this module, Orisha's run-time code and the build's loop into one static
 executable (PyInstaller + staticx) and appends the build to its end::
 
@@ -87,7 +87,7 @@ def load_site(path: str | None = None):
 def _parser():
     import argparse
 
-    from .core.connection import Limits
+    from ...core.policy import LIMITS
     env = os.environ.get
     p = argparse.ArgumentParser(
         prog="orisha", description="Serve the static site built into this executable.")
@@ -98,31 +98,19 @@ def _parser():
     p.add_argument("--workers", type=int, default=int(env("WORKERS", "0")) or None,
                    help="Worker processes [$WORKERS, default one per core].")
     p.add_argument("--loop", help="Override the loop recorded in the build.")
-    d = Limits()
-    for name, attr, kind in [
-            ("max-connections", "connections", int), ("head-limit", "head", int),
-            ("target-limit", "target", int), ("body-limit", "body", int),
-            ("idle-timeout", "idle_timeout", float), ("head-timeout", "head_timeout", float),
-            ("send-timeout", "send_timeout", float), ("pipeline", "pipeline", int),
-            ("grace", "grace", float)]:
-        p.add_argument(f"--{name}", dest=attr, type=kind, default=getattr(d, attr),
-                       help=f"default {getattr(d, attr)} (see `orisha serve --help`)")
+    for limit in LIMITS:
+        p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
+                       default=limit.default, help=f"{limit.help} [default {limit.default}]")
     p.add_argument("--info", action="store_true",
                    help="Print the embedded build's manifest and exit.")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) >= 2 and argv[0] == "-c":
-        # The frozen executable is also ``sys.executable``: the io_uring probe in
-        # orisha/loops runs ``sys.executable -c CODE`` in a child. Behave like python -c.
-        sys.argv = ["-c", *argv[2:]]
-        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
-        return 0
-    args = _parser().parse_args(argv)
-    from .core.connection import Limits
-    from .server import ServeError, run
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from ...core.policy import LIMITS, Limits
+    from ...errors import OrishaError
+    from ...server import run
     try:
         if args.info:
             sys.stdout.write(Embedded(executable()).manifest.decode())
@@ -131,59 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, SyntaxError) as e:
         print(f"orisha: error: cannot load the embedded build: {e}", file=sys.stderr)
         return 1
-    limits = Limits(**{k: getattr(args, k) for k in Limits.__slots__})
-    from . import loops
-    # orisha.loops probes io_uring by running ``sys.executable -c`` — here that is this
-    # frozen program again (unpacking, start-up: ~0.7 s). Probe in a forked child instead.
-    loops.io_uring_problem = _io_uring_problem
+    limits = Limits(**{limit.attr: getattr(args, limit.attr) for limit in LIMITS})
     try:
         code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
                    limits=limits)
-    except ServeError as e:
+    except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
     drain(args.port, limits.grace)
     return code
-
-
-_PROBED: list = []
-
-
-def _io_uring_problem() -> str | None:
-    """orisha.loops.io_uring_problem for the frozen program: the same probe, in a forked
-    child (a liburing that dies with SIGILL, or a kernel or seccomp that refuses
-    io_uring_setup, shows as the child's status), and once per process."""
-    if _PROBED:
-        return _PROBED[0]
-    if os.path.exists("/proc/sys/kernel/io_uring_disabled"):
-        with open("/proc/sys/kernel/io_uring_disabled") as f:
-            if f.read().strip() == "2":
-                _PROBED.append("disabled by sysctl kernel.io_uring_disabled=2")
-                return _PROBED[0]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 0
-        try:
-            import liburing as L
-            ring = L.io_uring()
-            L.io_uring_queue_init(8, ring)
-            L.io_uring_queue_exit(ring)
-        except BaseException as e:
-            os.write(w, f"{type(e).__name__}: {e}".encode()[:500])
-            code = 1
-        os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        message = f.read().decode(errors="replace")
-    status = os.waitpid(pid, 0)[1]
-    if os.WIFSIGNALED(status):
-        import signal
-        message = f"the liburing probe was killed by {signal.Signals(os.WTERMSIG(status)).name}"
-    elif os.waitstatus_to_exitcode(status):
-        message = message or f"the liburing probe exited with {os.waitstatus_to_exitcode(status)}"
-    _PROBED.append(message or None)
-    return _PROBED[0]
 
 
 # /proc/net/tcp states of a connection whose peer may still be receiving: ESTABLISHED,

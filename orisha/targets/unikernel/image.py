@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import os
 import struct
 import subprocess
 
-from ..core.connection import _ERRORS
-from ..core.site import Entry, Redirect, Variant
-from .assemble import Document
-from .walk import BuildError
+from ... import manifest
+from ...core.connection import ERRORS
+from ...core.site import Entry, Redirect, Variant
+from ...embed.assemble import Document
+from ...errors import BuildError
 
 MAGIC = 0x4953524F  # "ORSI"
 VERSION = 1
@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def unikernel_dir() -> str:
     return os.environ.get("ORISHA_UNIKERNEL") or os.path.normpath(
-        os.path.join(HERE, "..", "..", "unikernel"))
+        os.path.join(HERE, "..", "..", "..", "unikernel"))
 
 
 def _entry(doc: Document) -> Entry:
@@ -88,10 +88,8 @@ def encode(docs: list[Document], table: dict[bytes, tuple[str, str]], not_found:
     data = _Data(64)
 
     erecs = []
-    for status in sorted(_ERRORS):
-        head, body = _ERRORS[status]
-        if status == 406:  # only ever sent by negotiation, always with Vary (connection.answer)
-            head += b"Vary: Accept-Encoding\r\n"
+    for status in sorted(ERRORS):
+        head, body = ERRORS[status]
         erecs.append((status, *data.put(head), *data.put(body)))
 
     vrecs: list[tuple] = []
@@ -173,7 +171,7 @@ def link(blob_path: str, image_path: str) -> None:
 
 def write(out: str, docs: list[Document], table: dict[bytes, tuple[str, str]],
           not_found: Document, fallback: str | None) -> None:
-    """Write OUT/site.img and OUT/orisha.img, and record them in OUT/manifest.json."""
+    """Write OUT/site.img and OUT/orisha.img, and record them in OUT's manifest."""
     blob = encode(docs, table, not_found, fallback)
     blob_path = os.path.join(out, BLOB)
     with open(blob_path, "wb") as f:
@@ -181,12 +179,6 @@ def write(out: str, docs: list[Document], table: dict[bytes, tuple[str, str]],
     image_path = os.path.join(out, IMAGE)
     link(blob_path, image_path)
     os.chmod(image_path, 0o644)
-    manifest_path = os.path.join(out, "manifest.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
     size = os.path.getsize(image_path)
-    manifest.update({"image": IMAGE, "image_bytes": size, "site_image_bytes": len(blob),
-                     "kernel_bytes": size - len(blob)})
-    with open(manifest_path, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
+    manifest.update(out, image=IMAGE, image_bytes=size, site_image_bytes=len(blob),
+                    kernel_bytes=size - len(blob))

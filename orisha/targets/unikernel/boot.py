@@ -11,7 +11,6 @@ Limits travel on the kernel command line (``orisha.idle_timeout=3`` …).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,26 +21,16 @@ import sys
 import threading
 import time
 
-from .core.connection import Limits
+from ... import manifest
+from ...core.policy import Limits
+from ...errors import BootError
 
 BOOT_TIMEOUT = 60.0  # seconds from QEMU start to the serving line (TCG on a loaded host is slow)
-# Limits passed to the kernel (the rest, pipeline and grace, have no meaning there).
-_CMDLINE = {"connections": "max_connections", "head": "head_limit", "target": "target_limit",
-            "body": "body_limit", "idle_timeout": "idle_timeout", "head_timeout": "head_timeout",
-            "send_timeout": "send_timeout"}
-
-
-class BootError(Exception):
-    """A boot that failed; the message is one line (the serial log is printed separately)."""
 
 
 def _manifest(out: str) -> dict:
-    try:
-        with open(os.path.join(out, "manifest.json")) as f:
-            m = json.load(f)
-    except (OSError, ValueError):
-        m = {}
-    if m.get("generator") != "orisha":
+    m = manifest.read(out)
+    if m is None:
         raise BootError(f"{out}: not an Orisha build (run `orisha build SITE --loop unikernel -o {out}`)")
     if m.get("loop") != "unikernel" or not m.get("image"):
         raise BootError(f"{out}: built for loop {m.get('loop')!r}, not an image "
@@ -92,13 +81,13 @@ def free_port(host: str) -> int:
 
 
 def cmdline(limits: Limits) -> str:
+    """The kernel command line for the limits that differ from their defaults
+    (``orisha.<attr>=<value>``; the kernel reads the same names, see policy_header)."""
     parts = []
-    d = Limits()
-    for attr, name in _CMDLINE.items():
-        v = getattr(limits, attr)
-        if v != getattr(d, attr):
+    for limit, v in limits.changed():
+        if limit.kernel:
             text = f"{v:.6f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(int(v))
-            parts.append(f"orisha.{name}={text}")
+            parts.append(f"orisha.{limit.attr}={text}")
     return " ".join(parts)
 
 

@@ -1,0 +1,88 @@
+"""HTTP policy, written once: methods, statuses, limits, counters.
+
+Strategy: this module is the specification every other place reads. The
+Python core uses these tables directly; the CLI, the container's argument
+parser and the unikernel's kernel command line derive their options from
+``LIMITS``; the C core gets all of it from a header generated at build time
+(``orisha/targets/unikernel/policy_header.py``). Nothing here may be typed a
+second time anywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# RFC 9110 §9.3: the methods a static site performs.
+SAFE_METHODS = (b"GET", b"HEAD")
+# Methods a static site knows but cannot perform: 405 with Allow (RFC 9110 §15.5.6);
+# any other well-formed method is 501 (RFC 9110 §15.6.2).
+KNOWN_METHODS = (b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"CONNECT", b"TRACE")
+ALLOW = b"GET, HEAD"
+
+# Reason phrases of every status the core itself produces (the rest come from the build).
+REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
+           304: b"Not Modified", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
+           405: b"Method Not Allowed", 406: b"Not Acceptable", 408: b"Request Timeout",
+           411: b"Length Required", 413: b"Content Too Large", 414: b"URI Too Long",
+           416: b"Range Not Satisfiable", 431: b"Request Header Fields Too Large",
+           501: b"Not Implemented", 503: b"Service Unavailable",
+           505: b"HTTP Version Not Supported"}
+# The statuses answered with a built-in plain-text error (``ERRORS`` in connection.py).
+ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505)
+# After these the request stream cannot be trusted (or the client is gone): close.
+FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
+
+# Counters a worker keeps, in the order they are published (shared memory, Prometheus).
+# ``open_connections`` is a gauge; the rest count up. Then one counter per error status.
+STATS = ("requests", "response_bytes", "connections", "open_connections")
+ERROR_STATUSES = (400, 404, 405, 406, 408, 411, 413, 414, 416, 431, 501, 503, 505)
+STATS_SLOTS = len(STATS) + len(ERROR_STATUSES)
+
+
+class Stat:
+    """Named slots of a worker's counter list (``App.stats``)."""
+    REQUESTS, RESPONSE_BYTES, CONNECTIONS, OPEN_CONNECTIONS = range(len(STATS))
+    ERROR = {status: len(STATS) + i for i, status in enumerate(ERROR_STATUSES)}
+
+
+class Limit(NamedTuple):
+    """One configurable limit: its ``Limits`` attribute, default, CLI flag and meaning.
+
+    ``kernel``: whether the unikernel takes it (on its command line as
+    ``orisha.<attr>=<value>``); pipelining and the stop grace have no meaning there.
+    """
+    attr: str
+    default: int | float
+    flag: str
+    help: str
+    kernel: bool = True
+
+
+LIMITS = (
+    Limit("connections", 10000, "max-connections", "Open connections per worker; more get 503."),
+    Limit("head", 8192, "head-limit", "Request head bytes (431 above)."),
+    Limit("target", 4096, "target-limit", "Request-target bytes (414 above)."),
+    Limit("body", 1 << 20, "body-limit", "Request body bytes read and discarded (413 above)."),
+    Limit("idle_timeout", 15.0, "idle-timeout", "Seconds an idle keep-alive connection stays open."),
+    Limit("head_timeout", 10.0, "head-timeout", "Seconds to receive a started request head."),
+    Limit("send_timeout", 60.0, "send-timeout", "Seconds a client may take nothing before it is dropped."),
+    Limit("pipeline", 32, "pipeline", "Pipelined requests answered per round.", kernel=False),
+    Limit("grace", 8.0, "grace", "Seconds in-flight responses may take after a stop.", kernel=False),
+)
+
+
+class Limits:
+    """Per-worker limits (defaults and meanings in ``LIMITS``)."""
+
+    __slots__ = tuple(limit.attr for limit in LIMITS)
+
+    def __init__(self, **values) -> None:
+        for limit in LIMITS:
+            setattr(self, limit.attr, values.pop(limit.attr, limit.default))
+        if values:
+            raise TypeError(f"unknown limits: {', '.join(sorted(values))}")
+
+    def changed(self) -> list[tuple[Limit, int | float]]:
+        """The limits that differ from their defaults, with their values."""
+        return [(limit, getattr(self, limit.attr)) for limit in LIMITS
+                if getattr(self, limit.attr) != limit.default]

@@ -1,0 +1,1 @@
+"""The FROM-scratch container target: ``build`` (packager) and ``runtime`` (entry point)."""

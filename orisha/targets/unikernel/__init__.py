@@ -1,0 +1,1 @@
+"""The unikernel target: ``image`` (site image + kernel link) and ``boot`` (QEMU)."""
