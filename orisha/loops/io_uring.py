@@ -9,8 +9,8 @@ loop iteration queues what the core asked for and makes one ``submit_and_wait``
 call (with a 1 s timeout for the tick), then drains every completion.
 
 Package facts (liburing 2024.5.3; newer wheels on PyPI are built for AVX-512
-and die with SIGILL on other CPUs, hence the pin and the probe in a child
-process in ``orisha/loops/__init__.py``): sendmsg cannot be given iovecs from
+and die with SIGILL on other CPUs, hence the pin and the probe in a forked
+child in ``orisha/loops/__init__.py``): sendmsg cannot be given iovecs from
 Python, so sends use writev, capped at 60 buffers; provided-buffer rings are
 not reachable, so each connection owns a 16 KiB slot of a preallocated slab;
 user_data 0 is refused, so op tags start at 1.
@@ -112,31 +112,19 @@ class Loop:
         self._service(c)
 
     def run(self, stopping) -> None:
-        ring, cqe, conns = self.ring, self.cqe, self.conns
+        ring, cqe = self.ring, self.cqe
         ts = L.timespec(1.0)
         self._arm_accept()
-        stopped, paused, next_tick, deadline = False, False, time.time() + 1, None
+        self.stopped, self.paused, self.deadline = False, False, None
+        next_tick = time.time() + 1
         while True:
             now = time.time()
-            if not stopped and stopping():
-                stopped, deadline = True, now + self.app.limits.grace
-                if self.accepting:
-                    L.io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
-                for c in list(conns.values()):
-                    c.conn.shutdown(now)
-                    self._service(c)
+            if not self.stopped and stopping():
+                self._stop(now)
             if now >= next_tick:
                 next_tick = now + 1
-                self.app.tick(now)
-                if paused and not stopped:  # out of descriptors last time: try again now
-                    paused = False
-                    self._arm_accept()
-                for c in list(conns.values()):
-                    if deadline is not None and now > deadline:
-                        c.closing = True
-                    c.conn.tick(now)
-                    self._service(c)
-            if stopped and not conns and not self.accepting:
+                self._tick(now)
+            if self.stopped and not self.conns and not self.accepting:
                 L.io_uring_submit(ring)  # the queued closes run at submit
                 break
             try:
@@ -147,38 +135,65 @@ class Loop:
             while L.io_uring_peek_cqe(ring, cqe) == 0:
                 ud, res, flags = cqe.user_data, cqe.res, cqe.flags
                 L.io_uring_cqe_seen(ring, cqe)
-                op = ud & 7
-                if op == ACCEPT:
-                    if not flags & F_MORE:
-                        self.accepting = False
-                    if res >= 0:
-                        if stopped:
-                            os.close(res)
-                        else:
-                            self._accepted(res, now)
-                    elif -res in _EXHAUSTED:
-                        paused = True  # re-armed at the next tick: no spinning on EMFILE
-                    elif res == -errno.EINVAL and self.multishot:
-                        self.multishot = False  # a kernel before 5.19: single-shot accepts
-                    if not self.accepting and not stopped and not paused and res != -errno.ECANCELED:
-                        self._arm_accept()
-                    continue
-                c = conns.get(ud >> 3)
-                if c is None or op == IGNORE:
-                    continue
-                if op == RECV_OP:
-                    c.recv = False
-                    if res >= 0:
-                        c.conn.receive(bytes(c.buf[:res]), now)
-                    elif res != -errno.ECANCELED:
-                        c.closing = True  # ECONNRESET and friends end this connection only
+                if ud & 7 == ACCEPT:
+                    self._accept_done(res, flags, now)
                 else:
-                    c.iov = None
-                    if res >= 0:
-                        c.conn.sent(res, now)
-                    elif res != -errno.ECANCELED:
-                        c.closing = True  # EPIPE/ECONNRESET: the client left mid-response
-                self._service(c)
+                    self._done(ud, res, now)
         self.listener.close()
         self.app.tick(time.time())  # last counters and log lines
         L.io_uring_queue_exit(ring)
+
+    def _stop(self, now: float) -> None:
+        """Stop accepting; every connection finishes what it is sending within the grace."""
+        self.stopped, self.deadline = True, now + self.app.limits.grace
+        if self.accepting:
+            L.io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
+        for c in list(self.conns.values()):
+            c.conn.shutdown(now)
+            self._service(c)
+
+    def _tick(self, now: float) -> None:
+        self.app.tick(now)
+        if self.paused and not self.stopped:  # out of descriptors last time: try again now
+            self.paused = False
+            self._arm_accept()
+        for c in list(self.conns.values()):
+            if self.deadline is not None and now > self.deadline:
+                c.closing = True
+            c.conn.tick(now)
+            self._service(c)
+
+    def _accept_done(self, res: int, flags: int, now: float) -> None:
+        if not flags & F_MORE:
+            self.accepting = False
+        if res >= 0:
+            if self.stopped:
+                os.close(res)
+            else:
+                self._accepted(res, now)
+        elif -res in _EXHAUSTED:
+            self.paused = True  # re-armed at the next tick: no spinning on EMFILE
+        elif res == -errno.EINVAL and self.multishot:
+            self.multishot = False  # a kernel before 5.19: single-shot accepts
+        if not self.accepting and not self.stopped and not self.paused and res != -errno.ECANCELED:
+            self._arm_accept()
+
+    def _done(self, ud: int, res: int, now: float) -> None:
+        """A recv or writev completed for connection ``ud >> 3``."""
+        op = ud & 7
+        c = self.conns.get(ud >> 3)
+        if c is None or op == IGNORE:
+            return
+        if op == RECV_OP:
+            c.recv = False
+            if res >= 0:
+                c.conn.receive(bytes(c.buf[:res]), now)
+            elif res != -errno.ECANCELED:
+                c.closing = True  # ECONNRESET and friends end this connection only
+        else:
+            c.iov = None
+            if res >= 0:
+                c.conn.sent(res, now)
+            elif res != -errno.ECANCELED:
+                c.closing = True  # EPIPE/ECONNRESET: the client left mid-response
+        self._service(c)
