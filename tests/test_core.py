@@ -19,6 +19,9 @@ from hypothesis import strategies as st
 from httpraw import split_responses
 
 from orisha.core.connection import App, Limits
+from orisha.core.dates import parse_http_date
+from orisha.core.negotiate import accept_encoding_mask, byte_range
+from orisha.core.request import decimal
 from orisha.server import load_site
 
 NOW = 1_764_470_000.0
@@ -95,6 +98,23 @@ CASES = [
     (b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n", [400]),
     (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 3000 + b"\r\n", [431]),
     (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", [414]),
+    # bytes that cannot begin a request line: 400 before any line end (early 400)
+    (b"\x16\x03\x01\x02\x00\x01", [400]),
+    (b"\x00GET / HTTP/1.1\r\nHost: x\r\n\r\n", [400]),
+    (b"\r\n GET / HTTP/1.1\r\nHost: x\r\n\r\n", [400]),
+    (b"G(T / HTTP/2.0\r\nHost: x\r\n\r\n", [400]),  # the method is judged before the version
+    (b"G(T " + b"a" * 9000, [400]),                 # ... and before the head's size
+    # Content-Length = 1*DIGIT (RFC 9110 §8.6)
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0003\r\n\r\nabc", [405]),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc", [400]),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1_0\r\n\r\nabc", [400]),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3 3\r\n\r\nabc", [400]),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: \xd9\xa3\r\n\r\nabc", [400]),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", [400]),
+    # Range positions: 1*DIGIT with no whitespace inside the range-spec (RFC 9110 §14.1.1)
+    (b"GET /css/site.css HTTP/1.1\r\nHost: x\r\nRange: bytes=0-4\r\n\r\n", [206]),
+    (b"GET /css/site.css HTTP/1.1\r\nHost: x\r\nRange: bytes = 0 - 4\r\n\r\n", [200]),
+    (b"GET /css/site.css HTTP/1.1\r\nHost: x\r\nRange: bytes=" + b"9" * 5000 + b"-\r\n\r\n", [416]),
 ]
 
 
@@ -117,6 +137,44 @@ def test_whole_bytewise_and_with_junk(app, data, expect):
     got = statuses(junk)
     assert got[0] == expect[0] and closed
     assert got[1:] in ([], [400])
+
+
+# RFC 9110 §12.4.2: qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] ); a member
+# whose weight breaks the grammar is ignored (here: gzip is then refused, as by default).
+@pytest.mark.parametrize("value,gzip", [
+    (b"gzip;q=0.001", True), (b"gzip;q=1.000", True), (b"gzip;q=1.", True), (b"gzip;Q=0.5", True),
+    (b"gzip; q=0.5 ", True), (b"gzip;q=0", False), (b"gzip;q=0.000", False), (b"gzip;q=1.0001", False),
+    (b"gzip;q=0.5000", False), (b"gzip;q=.5", False), (b"gzip;q= 0.5", False), (b"gzip;q =0.5", False),
+    (b"gzip;q=1.5", False), (b"gzip;q=-0", False), (b"gzip;q=1e0", False), (b"gzip;q=nan", False),
+    (b"gzip;q=inf", False), (b"gzip;q=0_5", False), (b"gzip;q", False), (b"*;q=0.001", True),
+    (b"x-gzip;q=0.7", True), (b"gzip;q=1;q=0", False),
+])
+def test_weights_follow_the_rfc_grammar(value, gzip):
+    assert bool(accept_encoding_mask(value) & 2) == gzip
+
+
+@pytest.mark.parametrize("value,expect", [
+    (b"bytes=0-4", (0, 4)), (b"bytes=5-", (5, 99)), (b"bytes=-5", (95, 99)), (b"bytes=0005-6", (5, 6)),
+    (b"bytes = 0-4", None), (b"bytes=0 - 4", None), (b"bytes=+1-2", None), (b"bytes=1_0-20", None),
+    (b"bytes=\xd9\xa1-2", None), (b"bytes=0-1,5-6", None), (b"bytes=5-4", None),
+    (b"bytes=" + b"9" * 5000 + b"-", False), (b"bytes=0-" + b"9" * 5000, (0, 99)),
+    (b"bytes=-" + b"9" * 5000, (0, 99)), (b"bytes=" + b"9" * 30 + b"-" + b"9" * 29 + b"8", None),
+    (b"bytes=100-", False), (b"bytes=-0", False),
+])
+def test_ranges_follow_the_rfc_grammar(value, expect):
+    assert byte_range(value, 100) == expect
+
+
+def test_numbers_are_ascii_digits_and_saturate():
+    assert decimal(b"0042", 1000) == 42 and decimal(b"9" * 5000, 1000) == 1000
+    assert decimal(b"1001", 1000) == 1000 and decimal(b"000", 1000) == 0
+    for bad in (b"", b"+1", b"-1", b"1_0", b" 1", b"1 ", b"\xd9\xa1", b"0x1"):
+        assert decimal(bad, 1000) is None
+    assert parse_http_date(b"Sun, 06 Nov 1994 08:49:37 GMT") == 784111777
+    for bad in (b"Sun, 06 Nov +994 08:49:37 GMT", b"Sun, 06 Nov 1_94 08:49:37 GMT",
+                b"Sun Nov  6 08:49:37 -1994", b"Sunday, +6-Nov-94 08:49:37 GMT"):
+        assert parse_http_date(bad) is None
+    assert parse_http_date(b"Sun Nov  6 08:49:37 " + b"9" * 5000) > 1 << 40  # no int() limit
 
 
 def test_responses_are_not_formatted_per_request(app):

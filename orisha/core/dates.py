@@ -9,6 +9,8 @@ says a recipient MUST accept (IMF-fixdate, RFC 850, asctime).
 
 from __future__ import annotations
 
+from .request import decimal
+
 _DAYS = (b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed")  # 1970-01-01 was a Thursday
 _MONTHS = (b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun",
            b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec")
@@ -65,6 +67,19 @@ def _epoch(y: int, mon: bytes, d: int, clock: bytes) -> int | None:
     return _days_from_civil(y, m, d) * 86400 + secs
 
 
+# Day and year are 1*DIGIT (RFC 9110 §5.6.7: no sign, no "_"); a year beyond this
+# is read as this, which compares with any real file time as the exact year would
+# (the C core gets the bound from its generated header).
+YEAR_MAX = 10**9
+
+
+def _number(text: bytes) -> int:
+    n = decimal(text, YEAR_MAX)
+    if n is None:
+        raise ValueError(text)
+    return n
+
+
 def parse_http_date(value: bytes) -> int | None:
     """Seconds since the epoch, or None when *value* is not an HTTP-date."""
     f = value.strip().split()
@@ -72,15 +87,15 @@ def parse_http_date(value: bytes) -> int | None:
         if len(f) == 6 and f[0].endswith(b",") and f[5] == b"GMT":  # IMF-fixdate
             if len(f[1]) != 2 or len(f[3]) != 4:
                 return None
-            return _epoch(int(f[3]), f[2], int(f[1]), f[4])
+            return _epoch(_number(f[3]), f[2], _number(f[1]), f[4])
         if len(f) == 4 and f[0].endswith(b",") and f[3] == b"GMT":  # RFC 850
             d, mon, yy = f[1].split(b"-")
-            y = int(yy)
+            y = _number(yy)
             if len(yy) == 2:  # RFC 9110 §5.6.7: a two-digit year >50 years ahead is in the past
                 y += 1900 if y >= 70 else 2000
-            return _epoch(y, mon, int(d), f[2])
+            return _epoch(y, mon, _number(d), f[2])
         if len(f) == 5:  # asctime: Sun Nov  6 08:49:37 1994
-            return _epoch(int(f[4]), f[1], int(f[2]), f[3])
+            return _epoch(_number(f[4]), f[1], _number(f[2]), f[3])
     except ValueError:  # a non-numeric day or year: not a date
         return None
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from .request import decimal
 from .site import CODING_BITS, IDENTITY
 
 # Accept-Encoding values repeat across requests (every browser sends one of a
@@ -18,17 +19,27 @@ _mask_cache: dict[bytes, int] = {}
 _MASK_CACHE_MAX = 512
 
 
-def _qvalue(params: list[bytes]) -> float | None:
-    q = 1.0
+# RFC 9110 §12.4.2: qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] ).
+_QVALUE = re.compile(rb"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+# The tokens that name a coding: its own name, and x-gzip (RFC 9110 §8.4.1.3).
+CODING_TOKENS = {**CODING_BITS, b"x-gzip": CODING_BITS[b"gzip"]}
+
+
+def _weight(params: list[bytes]) -> int | None:
+    """A member's weight in thousandths (1000 without one); None if a weight is malformed.
+
+    weight = OWS ";" OWS "q=" qvalue: no space around "=" (OWS after the value
+    belongs to the list). A member with an invalid weight is ignored.
+    """
+    q = 1000
     for p in params:
         name, _, value = p.partition(b"=")
         if name.strip().lower() == b"q":
-            try:
-                q = float(value.strip())
-            except ValueError:  # a malformed weight: RFC 9110 §12.4.2 grammar; ignore the member
+            value = value.rstrip(b" \t")
+            if name[-1:] not in (b"q", b"Q") or not _QVALUE.fullmatch(value):
                 return None
-            if not 0.0 <= q <= 1.0:
-                return None
+            whole, _, frac = value.partition(b".")
+            q = (whole == b"1") * 1000 + int(frac.ljust(3, b"0"))
     return q
 
 
@@ -53,15 +64,13 @@ def accept_encoding_mask(value: bytes | None) -> int:
         token = token.strip().lower()
         if not token:
             continue
-        q = _qvalue(params)
+        q = _weight(params)
         if q is None:
             continue
         if token == b"*":
             star = q > 0
-        elif token == b"x-gzip":
-            named[CODING_BITS[b"gzip"]] = q > 0
-        elif token in CODING_BITS:
-            named[CODING_BITS[token]] = q > 0
+        elif token in CODING_TOKENS:
+            named[CODING_TOKENS[token]] = q > 0
     mask = 0
     for bit in (1, 2, 4, 8):
         ok = named.get(bit)
@@ -89,7 +98,19 @@ def none_match(value: bytes, etag: bytes) -> bool:
     return any(_opaque(t.strip()) == etag for t in value.split(b","))
 
 
-_RANGE = re.compile(rb"bytes[ \t]*=[ \t]*(\d*)[ \t]*-[ \t]*(\d*)[ \t]*")
+# RFC 9110 §14.1.1: ranges-specifier = range-unit "=" range-set, and one
+# int-range (first-pos "-" [ last-pos ]) or suffix-range ("-" suffix-length) with
+# positions 1*DIGIT: no whitespace inside. Several ranges are served whole (below).
+_RANGE = re.compile(rb"bytes=([0-9]*)-([0-9]*)")
+# Positions saturate here: far beyond any body an image or a build can hold, so a
+# saturated position compares with a length as the exact number would.
+RANGE_MAX = 1 << 60
+
+
+def _magnitude(digits: bytes) -> tuple[int, bytes]:
+    """A key that orders digit strings of any length as numbers."""
+    digits = digits.lstrip(b"0")
+    return len(digits), digits
 
 
 def byte_range(value: bytes, length: int) -> tuple[int, int] | None | bool:
@@ -104,12 +125,11 @@ def byte_range(value: bytes, length: int) -> tuple[int, int] | None | bool:
         return None
     first, last = m.group(1), m.group(2)
     if first:
-        start = int(first)
+        start = decimal(first, RANGE_MAX)
         if last:
-            end = int(last)
-            if end < start:
+            if _magnitude(last) < _magnitude(first):
                 return None  # invalid range-spec: ignore the header
-            end = min(end, length - 1)
+            end = min(decimal(last, RANGE_MAX), length - 1)
         else:
             end = length - 1
         if start >= length:
@@ -117,7 +137,7 @@ def byte_range(value: bytes, length: int) -> tuple[int, int] | None | bool:
         return start, end
     if not last:
         return None
-    suffix = int(last)
+    suffix = decimal(last, RANGE_MAX)
     if suffix == 0 or length == 0:
         return False
     return max(0, length - suffix), length - 1

@@ -15,6 +15,20 @@ import re
 from .policy import SAFE_METHODS
 
 
+def decimal(text: bytes, cap: int) -> int | None:
+    """``1*DIGIT`` (ASCII digits only, RFC 5234) as a number, saturated at ``cap``; else None.
+
+    Never ``int()`` on header bytes: it would accept a sign, "1_0" and spaces, and
+    raise beyond 4300 digits. The C core has the same function (``decimal``).
+    """
+    if not text.isdigit():  # bytes.isdigit(): ASCII 0-9 only, and not empty
+        return None
+    digits = text.lstrip(b"0")
+    if len(digits) > len(str(cap)):
+        return cap
+    return min(int(digits or b"0"), cap)
+
+
 class HttpError(Exception):
     """A request the core refuses; ``status`` is the response it deserves."""
 
@@ -24,15 +38,25 @@ class HttpError(Exception):
         self.reason = reason
 
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)[ \t]*")
+# RFC 9110 §5.6.2 tchar, the bytes of a method and a field name (the C core's
+# table is generated from this).
+TCHARS = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_T = b"[" + re.escape(TCHARS) + b"]"
+_TOKEN = re.compile(_T + b"+")
+_METHOD_START = re.compile(_T + b"*")
+_FIELD = re.compile(b"(" + _T + rb"+):[ \t]*((?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)[ \t]*")
 _VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
 _TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")
 _ABSOLUTE = re.compile(rb"[Hh][Tt][Tt][Pp][Ss]?://[^/?#]*")
 
-# Fields the core reads; the rest are validated and dropped.
-_SINGLE = {b"host", b"content-length", b"if-modified-since", b"range", b"if-range"}
-_LIST = {b"connection", b"transfer-encoding", b"accept-encoding", b"if-none-match"}
+# Fields the core reads; the rest are validated and dropped. A single field keeps
+# one value (a repeat makes it invalid, or 400 for Host and differing lengths); a
+# list field's lines are joined with ", " (RFC 9110 §5.3). The C core gets both
+# tuples, in this order, from its generated header.
+SINGLE_FIELDS = (b"host", b"content-length", b"if-modified-since", b"range", b"if-range")
+LIST_FIELDS = (b"connection", b"transfer-encoding", b"accept-encoding", b"if-none-match")
+_SINGLE = frozenset(SINGLE_FIELDS)
+_LIST = frozenset(LIST_FIELDS)
 
 
 class Request:
@@ -45,6 +69,18 @@ class Request:
         self.query = query
         self.minor = minor
         self.fields = fields
+
+
+def cannot_begin(buf: bytes, end: int) -> bool:
+    """Whether ``buf[:end]``, a head without its end yet, can only be answered 400.
+
+    So it is when its method (the bytes before the first SP) is empty or holds a
+    byte that is not a tchar: a TLS ClientHello, NUL, binary junk. ``parse_head``
+    checks the method first, so the complete head would get the same 400; waiting
+    for a line end (or the head timeout) would only keep the connection open.
+    """
+    n = _METHOD_START.match(buf, 0, end).end()
+    return n < len(buf) and n < end and (n == 0 or buf[n] != 32)
 
 
 def _lines(head: bytes) -> list[bytes]:
@@ -69,13 +105,15 @@ def parse_head(head: bytes, max_target: int) -> Request:
             raise HttpError(400, "HTTP/0.9 request or missing version")
         raise HttpError(400, "malformed request line")
     method, target, version = parts
+    # The method first: a request line whose method is not a token is 400 whatever
+    # follows, which is what lets the connection refuse it before its line end.
+    if not _TOKEN.fullmatch(method):
+        raise HttpError(400, "malformed method")
     v = _VERSION.fullmatch(version)
     if v is None:
         raise HttpError(400, "malformed HTTP version")
     if v.group(1) != b"1":
         raise HttpError(505)
-    if not _TOKEN.fullmatch(method):
-        raise HttpError(400, "malformed method")
     if len(target) > max_target:
         raise HttpError(414)
     if not target or _TARGET_BAD.search(target):
