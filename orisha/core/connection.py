@@ -27,7 +27,7 @@ from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, REASONS, SAFE_METHODS,
                      STATS_SLOTS, Limits, Stat)
-from .request import HttpError, parse_head
+from .request import HttpError, cannot_begin, parse_head
 from .site import IDENTITY, Entry, Redirect, Site
 
 
@@ -299,7 +299,9 @@ class Connection:
             if end < 0 or b"\n\n" in head or b"\n\r\n" in head:
                 m = _END.search(buf, 0, limits.head + 4)
                 if m is None:
-                    if len(buf) > limits.head:
+                    if cannot_begin(buf, limits.head + 4):  # e.g. a TLS ClientHello: no wait
+                        self._emit(_error_plan(400), tails, buf[:200], now)
+                    elif len(buf) > limits.head:
                         status = 414 if b"\n" not in buf[:limits.head] else 431
                         self._emit(_error_plan(status), tails, buf[:200], now)
                     break

@@ -2,8 +2,14 @@
  * The request core: the C twin of orisha/core (connection.py, request.py,
  * negotiate.py, dates.py). The Python code is the specification; comments
  * below name the Python function each part mirrors, and where C has to work
- * differently (no big integers, no floats, fixed buffers) they say how the
- * result stays the same.
+ * differently (no big integers, fixed buffers) they say how the result stays
+ * the same. Both follow the RFC grammar (numbers are 1*DIGIT, a weight is an
+ * RFC 9110 qvalue), so neither imitates the other's language.
+ *
+ * Nothing of the policy is typed here: methods, error pages, fatal statuses,
+ * default limits, token characters, the fields read, coding bits and the site
+ * image's record layouts come from policy.h, which the build generates from
+ * the Python tables (orisha/targets/unikernel/policy_header.py).
  *
  * Everything a response contains was decided by the build (the site image),
  * so answering is: frame the head, parse it strictly, pick records, point
@@ -15,127 +21,105 @@
 #include "platform.h"
 
 struct core_limits core_limits = {
-    .head = 8192, .target = 4096, .body = 1u << 20,
-    .idle_ms = 15000, .head_ms = 10000, .send_ms = 60000, .connections = 10000,
+#define CORE_LIMIT_DEFAULT(name, def, scale) .name = def,
+    POLICY_LIMITS(CORE_LIMIT_DEFAULT)
+#undef CORE_LIMIT_DEFAULT
 };
 
-/* ---- the site image (orisha/targets/unikernel/image.py) ------------------------------ */
-
-#define MAGIC 0x4953524fu
-#define NONE 0xffffffffu
-
-struct hdr {
-    uint32_t magic, version, size, n_routes, routes_off, n_entries, entries_off;
-    uint32_t not_found, fallback, errors_off, n_errors, reserved[5];
-};
-struct route { uint32_t key_off, key_len, kind, entry, loc_off, loc_len, tail_off, tail_len; };
-struct entry {
-    uint32_t lm_lo, lm_hi, flags, n_variants, identity, h416_off, h416_len, variants_off;
-    uint8_t choice[16];
-};
-struct variant {
-    uint32_t head_off, head_len, h304_off, h304_len, fields_off, fields_len;
-    uint32_t etag_off, etag_len, body_off, body_len;
-};
-struct error { uint32_t status, head_off, head_len, body_off, body_len; };
-
-_Static_assert(sizeof(struct hdr) == 64, "image header");
-_Static_assert(sizeof(struct route) == 32, "route record");
-_Static_assert(sizeof(struct entry) == 48, "entry record");
-_Static_assert(sizeof(struct variant) == 40, "variant record");
-_Static_assert(sizeof(struct error) == 20, "error record");
+/* ---- the site image (orisha/targets/unikernel/image.py; layouts in policy.h) ---------- */
 
 static const uint8_t *img;
-static const struct hdr *H;
-static const struct route *routes;
-static const struct entry *entries;
-static const struct error *errors;
+static const struct image_header *H;
+static const struct image_route *routes;
+static const struct image_entry *entries;
+static const struct image_error *errors;
 
-static const struct entry *entry_at(uint32_t i)
+static const struct image_variant *variant_of(const struct image_entry *e, uint32_t i)
 {
-    return &entries[i];
-}
-
-static const struct variant *variant_of(const struct entry *e, uint32_t i)
-{
-    return (const struct variant *)(img + e->variants_off) + i;
+    return (const struct image_variant *)(img + e->variants_off) + i;
 }
 
 static void check_span(uint32_t off, uint32_t len, const char *what)
 {
-    if (len && ((uint64_t)off + len > H->size || off < sizeof(struct hdr)))
+    if (len && ((uint64_t)off + len > H->size || off < IMAGE_HEADER_SIZE))
         PANIC("site image: %s out of bounds (%u+%u)", what, off, len);
+}
+
+static int table_fits(uint32_t off, uint32_t n, uint32_t size, size_t len)
+{
+    return !(off & 3) && (uint64_t)off + (uint64_t)size * n <= len;
+}
+
+/* Every span of record `rec` (the IMAGE_*_SPANS lists) inside the image. */
+#define CHECK_SPAN(f) check_span(rec->f##_off, rec->f##_len, #f);
+
+static void check_records(void)
+{
+    for (uint32_t i = 0; i < H->errors_n; i++) {
+        const struct image_error *rec = &errors[i];
+        IMAGE_ERROR_SPANS(CHECK_SPAN)
+    }
+    for (uint32_t i = 0; i < H->entries_n; i++) {
+        const struct image_entry *rec = &entries[i];
+        if (!rec->variants_n || rec->identity >= rec->variants_n ||
+            !table_fits(rec->variants_off, rec->variants_n, IMAGE_VARIANT_SIZE, H->size))
+            PANIC("site image: bad entry %u", i);
+        for (int m = 0; m < IMAGE_MASKS; m++)
+            if (rec->choice[m] != IMAGE_NO_VARIANT && rec->choice[m] >= rec->variants_n)
+                PANIC("site image: bad choice in entry %u", i);
+        IMAGE_ENTRY_SPANS(CHECK_SPAN)
+        for (uint32_t j = 0; j < rec->variants_n; j++) {
+            const struct image_variant *rec = variant_of(&entries[i], j);
+            IMAGE_VARIANT_SPANS(CHECK_SPAN)
+        }
+    }
+    for (uint32_t i = 0; i < H->routes_n; i++) {
+        const struct image_route *rec = &routes[i];
+        if (rec->kind == IMAGE_ROUTE_ENTRY ? rec->entry >= H->entries_n
+                                           : rec->kind != IMAGE_ROUTE_REDIRECT)
+            PANIC("site image: bad route %u", i);
+        IMAGE_ROUTE_SPANS(CHECK_SPAN)
+    }
 }
 
 uint32_t core_init(const uint8_t *image, size_t len)
 {
     /* The image was written by our own build, but a truncated or foreign blob
      * must stop the boot with a clear line, not serve garbage. */
-    if (len < sizeof(struct hdr) || ((uintptr_t)image & 3))
+    if (len < IMAGE_HEADER_SIZE || ((uintptr_t)image & 3))
         PANIC("site image missing or misaligned (%zu bytes): build with orisha build --loop unikernel", len);
     img = image;
-    H = (const struct hdr *)image;
-    if (H->magic != MAGIC)
+    H = (const struct image_header *)image;
+    if (H->magic != IMAGE_MAGIC)
         PANIC("site image: bad magic %#x (not an orisha site image)", H->magic);
-    if (H->version != 1)
-        PANIC("site image: version %u, this kernel reads version 1", H->version);
+    if (H->version != IMAGE_VERSION)
+        PANIC("site image: version %u, this kernel reads version %u", H->version, IMAGE_VERSION);
     if (H->size != len)
         PANIC("site image: header says %u bytes, embedded %zu", H->size, len);
-    if ((uint64_t)H->routes_off + 32ull * H->n_routes > len ||
-        (uint64_t)H->entries_off + 48ull * H->n_entries > len ||
-        (uint64_t)H->errors_off + 20ull * H->n_errors > len ||
-        (H->routes_off | H->entries_off | H->errors_off) & 3)
+    if (!table_fits(H->routes_off, H->routes_n, IMAGE_ROUTE_SIZE, len) ||
+        !table_fits(H->entries_off, H->entries_n, IMAGE_ENTRY_SIZE, len) ||
+        !table_fits(H->errors_off, H->errors_n, IMAGE_ERROR_SIZE, len))
         PANIC("site image: tables out of bounds");
-    routes = (const struct route *)(image + H->routes_off);
-    entries = (const struct entry *)(image + H->entries_off);
-    errors = (const struct error *)(image + H->errors_off);
-    if (H->not_found >= H->n_entries || (H->fallback != NONE && H->fallback >= H->n_entries))
+    routes = (const struct image_route *)(image + H->routes_off);
+    entries = (const struct image_entry *)(image + H->entries_off);
+    errors = (const struct image_error *)(image + H->errors_off);
+    if (H->not_found >= H->entries_n || (H->fallback != IMAGE_NONE && H->fallback >= H->entries_n))
         PANIC("site image: bad not-found/fallback entry");
     /* Validate every record once at boot so the request path needs no checks. */
-    for (uint32_t i = 0; i < H->n_errors; i++) {
-        check_span(errors[i].head_off, errors[i].head_len, "error head");
-        check_span(errors[i].body_off, errors[i].body_len, "error body");
-    }
-    for (uint32_t i = 0; i < H->n_entries; i++) {
-        const struct entry *e = &entries[i];
-        if (!e->n_variants || e->identity >= e->n_variants || (e->variants_off & 3) ||
-            (uint64_t)e->variants_off + 40ull * e->n_variants > len)
-            PANIC("site image: bad entry %u", i);
-        for (int m = 0; m < 16; m++)
-            if (e->choice[m] != 0xff && e->choice[m] >= e->n_variants)
-                PANIC("site image: bad choice in entry %u", i);
-        check_span(e->h416_off, e->h416_len, "416 head");
-        for (uint32_t j = 0; j < e->n_variants; j++) {
-            const struct variant *v = variant_of(e, j);
-            check_span(v->head_off, v->head_len, "head");
-            check_span(v->h304_off, v->h304_len, "304 head");
-            check_span(v->fields_off, v->fields_len, "fields");
-            check_span(v->etag_off, v->etag_len, "etag");
-            check_span(v->body_off, v->body_len, "body");
-        }
-    }
-    for (uint32_t i = 0; i < H->n_routes; i++) {
-        const struct route *r = &routes[i];
-        check_span(r->key_off, r->key_len, "route key");
-        if (r->kind == 0 ? r->entry >= H->n_entries : r->kind != 1)
-            PANIC("site image: bad route %u", i);
-        check_span(r->loc_off, r->loc_len, "location");
-        check_span(r->tail_off, r->tail_len, "redirect tail");
-    }
-    static const uint32_t needed[] = { 400, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505 };
-    for (unsigned k = 0; k < sizeof needed / sizeof needed[0]; k++) {
+    check_records();
+    for (unsigned k = 0; k < sizeof policy_error_pages / sizeof policy_error_pages[0]; k++) {
         uint32_t i = 0;
-        while (i < H->n_errors && errors[i].status != needed[k])
+        while (i < H->errors_n && errors[i].status != policy_error_pages[k])
             i++;
-        if (i == H->n_errors)
-            PANIC("site image: no %u response", needed[k]);
+        if (i == H->errors_n)
+            PANIC("site image: no %u response", policy_error_pages[k]);
     }
-    return H->n_routes;
+    return H->routes_n;
 }
 
-static const struct error *error_for(uint32_t status)
+static const struct image_error *error_for(uint32_t status)
 {
-    for (uint32_t i = 0; i < H->n_errors; i++)
+    for (uint32_t i = 0; i < H->errors_n; i++)
         if (errors[i].status == status)
             return &errors[i];
     PANIC("no error response %u", status); /* checked in core_init */
@@ -151,13 +135,6 @@ static const uint8_t *mem_chr(const uint8_t *p, int ch, size_t n)
         if (p[i] == (uint8_t)ch)
             return p + i;
     return NULL;
-}
-
-static int is_tchar(uint8_t ch)
-{
-    if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'))
-        return 1;
-    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
 }
 
 static uint8_t lower(uint8_t ch)
@@ -206,42 +183,32 @@ static const uint8_t *find(const uint8_t *p, size_t n, const char *needle)
     return NULL;
 }
 
-/* Python floor division (the date arithmetic must agree for negative years). */
-static int64_t fdiv(int64_t a, int64_t b)
+/* request.decimal: 1*DIGIT (ASCII) as a number saturated at `cap` (at most
+ * 10^18, so no step overflows); 0 if `s` is empty or holds anything else. */
+static int decimal(struct str s, uint64_t cap, uint64_t *out)
 {
-    int64_t q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-
-/* int(bytes) as Python parses it: sign, digits with single '_' between digits.
- * Magnitudes saturate at 1e12: beyond it no date or range compares differently
- * with anything a build can contain (callers note where). */
-#define BIG 1000000000000ll
-static int py_int(struct str s, int64_t *out)
-{
-    size_t i = 0;
-    int neg = 0;
-    if (i < s.n && (s.p[i] == '+' || s.p[i] == '-'))
-        neg = s.p[i++] == '-';
-    if (i >= s.n || s.p[i] < '0' || s.p[i] > '9')
+    uint64_t v = 0;
+    if (!s.n)
         return 0;
-    int64_t v = 0;
-    for (; i < s.n; i++) {
-        uint8_t ch = s.p[i];
-        if (ch == '_') {
-            if (i + 1 >= s.n || s.p[i + 1] < '0' || s.p[i + 1] > '9')
-                return 0;
-            continue;
-        }
-        if (ch < '0' || ch > '9')
+    for (size_t i = 0; i < s.n; i++) {
+        if (s.p[i] < '0' || s.p[i] > '9')
             return 0;
-        v = v * 10 + (ch - '0');
-        if (v > BIG)
-            v = BIG;
+        v = v * 10 + (uint64_t)(s.p[i] - '0');
+        if (v > cap)
+            v = cap;
     }
-    *out = neg ? -v : v;
+    *out = v;
     return 1;
 }
+
+static int in_list(struct str s, const char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (eq(s, list[i]))
+            return 1;
+    return 0;
+}
+#define IN_LIST(s, list) in_list(s, list, sizeof list / sizeof list[0])
 
 /* ---- dates.py ---------------------------------------------------------------- */
 
@@ -249,13 +216,14 @@ static const char days_names[7][4] = { "Thu", "Fri", "Sat", "Sun", "Mon", "Tue",
 static const char month_names[12][4] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
 
+/* Years are 1*DIGIT, so y >= -1 below, where C's division agrees with Python's //. */
 static int64_t days_from_civil(int64_t y, int64_t m, int64_t d)
 {
     y -= m <= 2;
-    int64_t era = fdiv(y >= 0 ? y : y - 399, 400);
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
     int64_t yoe = y - era * 400;
-    int64_t doy = fdiv(153 * (m + (m > 2 ? -3 : 9)) + 2, 5) + d - 1;
-    int64_t doe = yoe * 365 + fdiv(yoe, 4) - fdiv(yoe, 100) + doy;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     return era * 146097 + doe - 719468;
 }
 
@@ -304,13 +272,17 @@ static int epoch_of(int64_t y, struct str mon, int64_t d, struct str clock, int6
     int64_t secs;
     if (!m || !clock_secs(clock, &secs) || d < 1 || d > 31)
         return 0;
-    /* Years saturate at 1e9 (py_int saturates later still): the epoch stays in
-     * range and compares with any real mtime as Python's big integer would. */
-    if (y > 1000000000)
-        y = 1000000000;
-    if (y < -1000000000)
-        y = -1000000000;
     *out = days_from_civil(y, m, d) * 86400 + secs;
+    return 1;
+}
+
+/* dates._number: day and year saturate at dates.YEAR_MAX. */
+static int date_number(struct str s, int64_t *out)
+{
+    uint64_t v;
+    if (!decimal(s, POLICY_YEAR_MAX, &v))
+        return 0;
+    *out = (int64_t)v;
     return 1;
 }
 
@@ -337,7 +309,7 @@ int core_parse_http_date(const uint8_t *p, size_t n, int64_t *out)
     if (k == 6 && f[0].p[f[0].n - 1] == ',' && eq(f[5], "GMT")) { /* IMF-fixdate */
         if (f[1].n != 2 || f[3].n != 4)
             return 0;
-        if (!py_int(f[3], &y) || !py_int(f[1], &d))
+        if (!date_number(f[3], &y) || !date_number(f[1], &d))
             return 0;
         return epoch_of(y, f[2], d, f[4], out);
     }
@@ -351,16 +323,16 @@ int core_parse_http_date(const uint8_t *p, size_t n, int64_t *out)
         struct str dd = { f[1].p, (size_t)(a - f[1].p) };
         struct str mon = { a + 1, (size_t)(b - a - 1) };
         struct str yy = { b + 1, (size_t)(f[1].p + f[1].n - b - 1) };
-        if (!py_int(yy, &y))
+        if (!date_number(yy, &y))
             return 0;
         if (yy.n == 2)
             y += y >= 70 ? 1900 : 2000;
-        if (!py_int(dd, &d))
+        if (!date_number(dd, &d))
             return 0;
         return epoch_of(y, mon, d, f[2], out);
     }
     if (k == 5) { /* asctime */
-        if (!py_int(f[4], &y) || !py_int(f[2], &d))
+        if (!date_number(f[4], &y) || !date_number(f[2], &d))
             return 0;
         return epoch_of(y, f[1], d, f[3], out);
     }
@@ -368,13 +340,6 @@ int core_parse_http_date(const uint8_t *p, size_t n, int64_t *out)
 }
 
 /* ---- request.py: parse_head ----------------------------------------------------- */
-
-enum { F_HOST, F_CL, F_IMS, F_RANGE, F_IF_RANGE, F_SINGLE_N,
-       F_CONNECTION = F_SINGLE_N, F_TE, F_AE, F_INM, F_N };
-static const char *const field_names[F_N] = {
-    "host", "content-length", "if-modified-since", "range", "if-range",
-    "connection", "transfer-encoding", "accept-encoding", "if-none-match",
-};
 
 /* Lines and list-field occurrences of one head: sized for the worst case (every
  * byte a line end) so that no head, however malformed, can overflow them. */
@@ -385,10 +350,10 @@ struct request {
     struct str method, path, query;
     int has_query;
     int minor;
-    int present[F_N];        /* single fields: 1 once, 2 repeated (value "") */
-    struct str single[F_SINGLE_N];
+    int present[FIELD_N];    /* single fields: 1 once, 2 repeated (value "") */
+    struct str single[FIELD_SINGLE_N];
     uint32_t n_occ;
-    int n_list[F_N];
+    int n_list[FIELD_N];
 };
 
 static struct occ occs[MAX_LINES]; /* one request is parsed at a time */
@@ -431,16 +396,17 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
     if (np != 3)
         return 400;
     struct str method = part[0], target = part[1], version = part[2];
+    /* The method first (as parse_head): what lets core_next refuse it early. */
+    if (!method.n)
+        return 400;
+    for (size_t i = 0; i < method.n; i++)
+        if (!policy_tchar[method.p[i]])
+            return 400;
     if (version.n != 8 || memcmp(version.p, "HTTP/", 5) != 0 || version.p[6] != '.' ||
         version.p[5] < '0' || version.p[5] > '9' || version.p[7] < '0' || version.p[7] > '9')
         return 400;
     if (version.p[5] != '1')
         return 505;
-    if (!method.n)
-        return 400;
-    for (size_t i = 0; i < method.n; i++)
-        if (!is_tchar(method.p[i]))
-            return 400;
     if (target.n > core_limits.target)
         return 414;
     if (!target.n)
@@ -452,7 +418,7 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
     for (size_t li = 1; li < nl; li++) {
         struct str l = lines[li];
         size_t i = 0;
-        while (i < l.n && is_tchar(l.p[i]))
+        while (i < l.n && policy_tchar[l.p[i]])
             i++;
         if (i == 0 || i >= l.n || l.p[i] != ':')
             return 400; /* obs-fold, space before the colon, no colon */
@@ -465,19 +431,19 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
         }
         value = strip(value);
         int id = -1;
-        for (int f = 0; f < F_N; f++)
-            if (ieq(name, field_names[f]))
+        for (int f = 0; f < FIELD_N; f++)
+            if (ieq(name, policy_field_names[f]))
                 id = f;
         if (id < 0)
             continue;
-        if (id < F_SINGLE_N) {
+        if (id < FIELD_SINGLE_N) {
             if (!r->present[id]) {
                 r->present[id] = 1;
                 r->single[id] = value;
-            } else if (id == F_CL && r->single[id].n == value.n &&
+            } else if (id == FIELD_CONTENT_LENGTH && r->single[id].n == value.n &&
                        memcmp(r->single[id].p, value.p, value.n) == 0) {
                 /* identical repeats are one value (RFC 9110 §8.6) */
-            } else if (id == F_HOST || id == F_CL) {
+            } else if (id == FIELD_HOST || id == FIELD_CONTENT_LENGTH) {
                 return 400;
             } else {
                 r->present[id] = 2; /* a repeated singleton: treated as absent */
@@ -491,10 +457,10 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
         }
     }
     r->minor = version.p[7] - '0';
-    if (r->minor >= 1 && !r->present[F_HOST])
+    if (r->minor >= 1 && !r->present[FIELD_HOST])
         return 400; /* RFC 9112 §3.2 */
 
-    int safe = eq(method, "GET") || eq(method, "HEAD");
+    int safe = IN_LIST(method, policy_safe_methods);
     if (target.p[0] != '/') {
         /* absolute-form: [Hh][Tt][Tt][Pp][Ss]?://[^/?#]* */
         size_t i = 0;
@@ -533,149 +499,88 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
 
 /* ---- negotiate.py ------------------------------------------------------------- */
 
-/* Compare decimal digit strings as numbers' fractional parts (missing digits are 0). */
-static int frac_cmp(const uint8_t *a, size_t an, const char *b)
+/* RFC 9110 §12.4.2 qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] ),
+ * in thousandths; -1 if `v` is not one. */
+static int qvalue(struct str v)
 {
-    size_t bn = strlen(b);
-    for (size_t i = 0; i < an || i < bn; i++) {
-        int x = i < an ? a[i] : '0', y = i < bn ? b[i] : '0';
-        if (x != y)
-            return x < y ? -1 : 1;
+    if (!v.n || (v.p[0] != '0' && v.p[0] != '1') || (v.n > 1 && v.p[1] != '.') || v.n > 5)
+        return -1;
+    int one = v.p[0] == '1', q = one * 1000, scale = 100;
+    for (size_t i = 2; i < v.n; i++, scale /= 10) {
+        if (v.p[i] < '0' || v.p[i] > '9' || (one && v.p[i] != '0'))
+            return -1;
+        q += (v.p[i] - '0') * scale;
+    }
+    return q;
+}
+
+/* _weight: the weight of a member whose parameters start at `semi` (1000 without
+ * one), -1 if a weight is malformed: weight = OWS ";" OWS "q=" qvalue. */
+static int weight(const uint8_t *semi, const uint8_t *end)
+{
+    int q = 1000;
+    while (semi) { /* the last q= wins; any malformed q= drops the member */
+        const uint8_t *p0 = semi + 1;
+        semi = mem_chr(p0, ';', (size_t)(end - p0));
+        struct str param = { p0, (size_t)((semi ? semi : end) - p0) };
+        const uint8_t *eqs = mem_chr(param.p, '=', param.n);
+        struct str name = { param.p, eqs ? (size_t)(eqs - param.p) : param.n };
+        if (!ieq(strip(name), "q"))
+            continue;
+        struct str val = { eqs ? eqs + 1 : end, eqs ? (size_t)(param.p + param.n - eqs - 1) : 0 };
+        while (val.n && is_ows(val.p[val.n - 1]))
+            val.n--;
+        q = lower(name.p[name.n - 1]) == 'q' ? qvalue(val) : -1; /* no space before "=" */
+        if (q < 0)
+            return -1;
+    }
+    return q;
+}
+
+/* The members of list field `id` over all its lines, in order: Python's joined
+ * value split on ",". Start with a zeroed cursor; 0 when there are no more. */
+struct cursor { uint32_t k; size_t pos; };
+static int next_member(const struct request *r, int id, struct cursor *it, struct str *m)
+{
+    for (; it->k < r->n_occ; it->k++, it->pos = 0) {
+        struct str v = occs[it->k].v;
+        if (occs[it->k].id != id || it->pos > v.n)
+            continue;
+        const uint8_t *comma = mem_chr(v.p + it->pos, ',', v.n - it->pos);
+        size_t end = comma ? (size_t)(comma - v.p) : v.n;
+        *m = (struct str){ v.p + it->pos, end - it->pos };
+        it->pos = end + 1;
+        return 1;
     }
     return 0;
 }
 
-/*
- * float(value) compared with 0 and 1, without floats: -1 if _qvalue rejects
- * it (syntax, NaN, out of [0, 1]), 0 if it is zero, 1 if positive. The
- * grammar is Python's float(): sign, digits with single '_', '.', exponent,
- * inf/nan. Rounding is reproduced at 1 (1 + 2^-53 still reads as 1.0) and at
- * the underflow to zero (below ~2.47e-324).
- */
-static int qvalue_class(struct str s)
-{
-    size_t i = 0;
-    int neg = 0;
-    if (i < s.n && (s.p[i] == '+' || s.p[i] == '-'))
-        neg = s.p[i++] == '-';
-    struct str rest = { s.p + i, s.n - i };
-    if (ieq(rest, "inf") || ieq(rest, "infinity") || ieq(rest, "nan"))
-        return -1;
-    static uint8_t dig[CORE_HEAD_MAX + 8]; /* a q-value cannot be longer than a head */
-    size_t nd = 0, nint = 0;
-    int any = 0, point = 0;
-    for (; i < s.n; i++) {
-        uint8_t ch = s.p[i];
-        if (ch >= '0' && ch <= '9') {
-            dig[nd++] = ch;
-            if (!point)
-                nint++;
-            any = 1;
-        } else if (ch == '_') {
-            if (!(i > 0 && s.p[i - 1] >= '0' && s.p[i - 1] <= '9' &&
-                  i + 1 < s.n && s.p[i + 1] >= '0' && s.p[i + 1] <= '9'))
-                return -1;
-        } else if (ch == '.' && !point) {
-            point = 1;
-        } else {
-            break;
-        }
-    }
-    if (!any)
-        return -1;
-    int64_t exp = 0;
-    if (i < s.n) {
-        if (s.p[i] != 'e' && s.p[i] != 'E')
-            return -1;
-        struct str e = { s.p + i + 1, s.n - i - 1 };
-        if (e.n && (e.p[0] == '+' || e.p[0] == '-') && (e.n < 2 || e.p[1] < '0' || e.p[1] > '9'))
-            return -1;
-        if (!py_int(e, &exp))
-            return -1;
-    }
-    size_t lz = 0;
-    while (lz < nd && dig[lz] == '0')
-        lz++;
-    if (lz == nd)
-        return 0;       /* zero, including -0.0 (0 <= -0.0 holds) */
-    if (neg)
-        return -1;
-    int64_t p = (int64_t)nint - 1 - (int64_t)lz + exp; /* power of ten of the leading digit */
-    if (p >= 1)
-        return -1;
-    if (p == 0) {
-        if (dig[lz] != '1' ||
-            frac_cmp(dig + lz + 1, nd - lz - 1,
-                     "000000000000000111022302462515654042363166809082031250") > 0)
-            return -1;
-        return 1;
-    }
-    if (p < -324 || (p == -324 && frac_cmp(dig + lz, nd - lz, "24703282292062327208828439643") <= 0))
-        return 0;
-    return 1;
-}
-
-enum { IDENTITY = 1, GZIP = 2, BR = 4, ZSTD = 8 };
-
 /* accept_encoding_mask over every Accept-Encoding line, in order (= the joined value). */
 static int accept_encoding_mask(const struct request *r)
 {
-    if (!r->n_list[F_AE])
-        return IDENTITY;
-    int named[16] = { 0 }; /* 0 unset, 1 acceptable, -1 refused */
+    if (!r->n_list[FIELD_ACCEPT_ENCODING])
+        return CODING_IDENTITY;
+    int named[IMAGE_MASKS] = { 0 }; /* by coding bit: 0 unset, 1 acceptable, -1 refused */
     int star = 0;
-    for (uint32_t k = 0; k < r->n_occ; k++) {
-        if (occs[k].id != F_AE)
+    struct cursor it = { 0, 0 };
+    struct str m;
+    while (next_member(r, FIELD_ACCEPT_ENCODING, &it, &m)) {
+        const uint8_t *semi = mem_chr(m.p, ';', m.n);
+        struct str token = strip((struct str){ m.p, semi ? (size_t)(semi - m.p) : m.n });
+        int q = weight(semi, m.p + m.n);
+        if (!token.n || q < 0)
             continue;
-        struct str v = occs[k].v;
-        size_t s = 0;
-        for (size_t i = 0; i <= v.n; i++) {
-            if (i < v.n && v.p[i] != ',')
-                continue;
-            struct str member = { v.p + s, i - s };
-            s = i + 1;
-            const uint8_t *semi = mem_chr(member.p, ';', member.n);
-            struct str token = strip((struct str){ member.p, semi ? (size_t)(semi - member.p) : member.n });
-            if (!token.n)
-                continue;
-            int q = 1, bad = 0;
-            while (semi) { /* _qvalue: the last q= wins; any malformed q= drops the member */
-                const uint8_t *p0 = semi + 1, *end = member.p + member.n;
-                semi = mem_chr(p0, ';', (size_t)(end - p0));
-                struct str param = { p0, (size_t)((semi ? semi : end) - p0) };
-                const uint8_t *eqs = mem_chr(param.p, '=', param.n);
-                struct str name = strip((struct str){ param.p, eqs ? (size_t)(eqs - param.p) : param.n });
-                if (!ieq(name, "q"))
-                    continue;
-                struct str val = eqs ? strip((struct str){ eqs + 1, (size_t)(param.p + param.n - eqs - 1) })
-                                     : (struct str){ param.p, 0 };
-                int c = qvalue_class(val);
-                if (c < 0) {
-                    bad = 1;
-                    break;
-                }
-                q = c;
-            }
-            if (bad)
-                continue;
-            int ok = q > 0 ? 1 : -1;
-            if (eq(token, "*"))
-                star = ok;
-            else if (ieq(token, "x-gzip") || ieq(token, "gzip"))
-                named[GZIP] = ok;
-            else if (ieq(token, "identity"))
-                named[IDENTITY] = ok;
-            else if (ieq(token, "br"))
-                named[BR] = ok;
-            else if (ieq(token, "zstd"))
-                named[ZSTD] = ok;
-        }
+        if (eq(token, "*"))
+            star = q > 0 ? 1 : -1;
+        for (unsigned c = 0; c < sizeof policy_codings / sizeof policy_codings[0]; c++)
+            if (ieq(token, policy_codings[c].token))
+                named[policy_codings[c].bit] = q > 0 ? 1 : -1;
     }
     int mask = 0;
-    for (int bit = 1; bit <= 8; bit <<= 1) {
+    for (int bit = 1; bit < IMAGE_MASKS; bit <<= 1) {
         int ok = named[bit];
         if (!ok)
-            ok = star ? star : (bit == IDENTITY ? 1 : -1);
+            ok = star ? star : (bit == CODING_IDENTITY ? 1 : -1);
         if (ok > 0)
             mask |= bit;
     }
@@ -685,49 +590,34 @@ static int accept_encoding_mask(const struct request *r)
 /* none_match: If-None-Match (weak comparison) against one ETag. */
 static int none_match(const struct request *r, struct str etag)
 {
-    if (r->n_list[F_INM] == 1) { /* a joined list of several lines is never one tag or "*" */
+    if (r->n_list[FIELD_IF_NONE_MATCH] == 1) { /* a joined list of several lines is never one tag or "*" */
         for (uint32_t k = 0; k < r->n_occ; k++) {
-            if (occs[k].id != F_INM)
+            if (occs[k].id != FIELD_IF_NONE_MATCH)
                 continue;
             if ((occs[k].v.n == etag.n && memcmp(occs[k].v.p, etag.p, etag.n) == 0) ||
                 eq(strip(occs[k].v), "*"))
                 return 1;
         }
     }
-    for (uint32_t k = 0; k < r->n_occ; k++) {
-        if (occs[k].id != F_INM)
-            continue;
-        struct str v = occs[k].v;
-        size_t s = 0;
-        for (size_t i = 0; i <= v.n; i++) {
-            if (i < v.n && v.p[i] != ',')
-                continue;
-            struct str t = strip((struct str){ v.p + s, i - s });
-            s = i + 1;
-            if (t.n >= 2 && t.p[0] == 'W' && t.p[1] == '/')
-                t.p += 2, t.n -= 2;
-            if (t.n == etag.n && memcmp(t.p, etag.p, etag.n) == 0)
-                return 1;
-        }
+    struct cursor it = { 0, 0 };
+    struct str t;
+    while (next_member(r, FIELD_IF_NONE_MATCH, &it, &t)) {
+        t = strip(t);
+        if (t.n >= 2 && t.p[0] == 'W' && t.p[1] == '/')
+            t.p += 2, t.n -= 2;
+        if (t.n == etag.n && memcmp(t.p, etag.p, etag.n) == 0)
+            return 1;
     }
     return 0;
 }
 
 static int tokens_have(const struct request *r, int id, const char *tok)
 {
-    for (uint32_t k = 0; k < r->n_occ; k++) {
-        if (occs[k].id != id)
-            continue;
-        struct str v = occs[k].v;
-        size_t s = 0;
-        for (size_t i = 0; i <= v.n; i++) {
-            if (i < v.n && v.p[i] != ',')
-                continue;
-            if (ieq(strip((struct str){ v.p + s, i - s }), tok))
-                return 1;
-            s = i + 1;
-        }
-    }
+    struct cursor it = { 0, 0 };
+    struct str m;
+    while (next_member(r, id, &it, &m))
+        if (ieq(strip(m), tok))
+            return 1;
     return 0;
 }
 
@@ -744,60 +634,25 @@ static int num_cmp(struct str a, struct str b)
     return c < 0 ? -1 : c > 0;
 }
 
-static uint64_t num_sat(struct str a) /* saturates far above any body length */
-{
-    uint64_t v = 0;
-    for (size_t i = 0; i < a.n; i++) {
-        v = v * 10 + (a.p[i] - '0');
-        if (v > (1ull << 60))
-            return 1ull << 60;
-    }
-    return v;
-}
-
 /* byte_range: 1 with [first, last], 0 to ignore (whole 200), -1 unsatisfiable. */
 static int byte_range(struct str v, uint64_t length, uint64_t *first, uint64_t *last)
 {
-    /* bytes[ \t]*=[ \t]*(\d*)[ \t]*-[ \t]*(\d*)[ \t]* */
-    size_t i = 0;
-    if (v.n < 5 || memcmp(v.p, "bytes", 5) != 0)
+    /* bytes=([0-9]*)-([0-9]*): no whitespace inside (RFC 9110 §14.1.1) */
+    if (v.n < 6 || memcmp(v.p, "bytes=", 6) != 0)
         return 0;
-    i = 5;
-    while (i < v.n && is_ows(v.p[i]))
-        i++;
-    if (i >= v.n || v.p[i] != '=')
+    const uint8_t *dash = mem_chr(v.p + 6, '-', v.n - 6);
+    if (!dash)
         return 0;
-    i++;
-    while (i < v.n && is_ows(v.p[i]))
-        i++;
-    struct str a = { v.p + i, 0 };
-    while (i < v.n && v.p[i] >= '0' && v.p[i] <= '9')
-        i++, a.n++;
-    while (i < v.n && is_ows(v.p[i]))
-        i++;
-    if (i >= v.n || v.p[i] != '-')
-        return 0;
-    i++;
-    while (i < v.n && is_ows(v.p[i]))
-        i++;
-    struct str b = { v.p + i, 0 };
-    while (i < v.n && v.p[i] >= '0' && v.p[i] <= '9')
-        i++, b.n++;
-    while (i < v.n && is_ows(v.p[i]))
-        i++;
-    if (i != v.n)
+    struct str a = { v.p + 6, (size_t)(dash - v.p - 6) };
+    struct str b = { dash + 1, (size_t)(v.p + v.n - dash - 1) };
+    uint64_t start = 0, end = 0; /* positions saturate far above any length */
+    if ((a.n && !decimal(a, POLICY_RANGE_MAX, &start)) || (b.n && !decimal(b, POLICY_RANGE_MAX, &end)))
         return 0;
     if (a.n) {
-        uint64_t start = num_sat(a), end;
-        if (b.n) {
-            if (num_cmp(b, a) < 0)
-                return 0; /* invalid range-spec: ignore the header */
-            end = num_sat(b);
-            if (end > length - 1)
-                end = length - 1; /* length 0 is caught below: start >= 0 = length */
-        } else {
-            end = length - 1;
-        }
+        if (!b.n || end > length - 1)
+            end = length - 1; /* length 0 is caught below: start >= 0 = length */
+        if (b.n && num_cmp(b, a) < 0)
+            return 0; /* invalid range-spec: ignore the header */
         if (start >= length)
             return -1;
         *first = start;
@@ -806,10 +661,9 @@ static int byte_range(struct str v, uint64_t length, uint64_t *first, uint64_t *
     }
     if (!b.n)
         return 0;
-    uint64_t suffix = num_sat(b);
-    if (suffix == 0 || length == 0)
+    if (end == 0 || length == 0) /* a suffix-length */
         return -1;
-    *first = suffix >= length ? 0 : length - suffix;
+    *first = end >= length ? 0 : length - end;
     *last = length - 1;
     return 1;
 }
@@ -880,12 +734,12 @@ static int route_key(struct str path, struct str *key)
     return 1;
 }
 
-static const struct route *lookup(struct str key)
+static const struct image_route *lookup(struct str key)
 {
-    uint32_t lo = 0, hi = H->n_routes;
+    uint32_t lo = 0, hi = H->routes_n;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        const struct route *r = &routes[mid];
+        const struct image_route *r = &routes[mid];
         size_t n = r->key_len < key.n ? r->key_len : key.n;
         int c = memcmp(img + r->key_off, key.p, n);
         if (!c)
@@ -953,26 +807,28 @@ static void emit(struct core_conn *c, const uint8_t *head, size_t head_len, int 
 
 static int is_fatal(int status)
 {
-    return status == 400 || status == 408 || status == 411 || status == 413 || status == 414 ||
-           status == 431 || status == 503 || status == 505;
+    for (unsigned k = 0; k < sizeof policy_fatal / sizeof policy_fatal[0]; k++)
+        if (policy_fatal[k] == status)
+            return 1;
+    return 0;
 }
 
 /* _error_plan(status, True) for the fatal statuses: close and drop the rest. */
 static void emit_error(struct core_conn *c, int status)
 {
-    const struct error *e = error_for((uint32_t)status);
+    const struct image_error *e = error_for((uint32_t)status);
     ASSERT(is_fatal(status));
     emit(c, img + e->head_off, e->head_len, CLOSE, img + e->body_off, e->body_len, 1, 1);
     c->discard = 0;
 }
 
-static int if_range(const struct request *r, const struct entry *e, int64_t lm)
+static int if_range(const struct request *r, const struct image_entry *e, int64_t lm)
 {
-    if (!r->present[F_IF_RANGE])
+    if (!r->present[FIELD_IF_RANGE])
         return 1;
-    struct str v = r->single[F_IF_RANGE];
+    struct str v = r->single[FIELD_IF_RANGE];
     if (v.n && v.p[0] == '"') {
-        const struct variant *id = variant_of(e, e->identity);
+        const struct image_variant *id = variant_of(e, e->identity);
         return v.n == id->etag_len && memcmp(v.p, img + id->etag_off, v.n) == 0;
     }
     int64_t t;
@@ -990,37 +846,25 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
         return;
     }
     uint64_t discard = 0;
-    if (r->n_list[F_TE]) {
+    if (r->n_list[FIELD_TRANSFER_ENCODING]) {
         /* RFC 9112 §6.1/§6.3: TE with CL is smuggling; chunked → 411; other codings → 400 */
-        if (r->present[F_CL] || r->minor == 0) {
+        if (r->present[FIELD_CONTENT_LENGTH] || r->minor == 0) {
             emit_error(c, 400);
             return;
         }
-        struct str lastm = { 0, 0 };
-        for (uint32_t k = 0; k < r->n_occ; k++) {
-            if (occs[k].id != F_TE)
-                continue;
-            struct str v = occs[k].v;
-            const uint8_t *comma = v.p + v.n;
-            while (comma > v.p && comma[-1] != ',')
-                comma--;
-            lastm = strip((struct str){ comma, (size_t)(v.p + v.n - comma) });
-        }
-        emit_error(c, ieq(lastm, "chunked") ? 411 : 400);
+        struct cursor it = { 0, 0 };
+        struct str m, last = { 0, 0 };
+        while (next_member(r, FIELD_TRANSFER_ENCODING, &it, &m))
+            last = m;
+        emit_error(c, ieq(strip(last), "chunked") ? 411 : 400);
         return;
     }
-    if (r->present[F_CL]) {
-        struct str cl = r->single[F_CL];
-        if (!cl.n || cl.n > 18) {
+    if (r->present[FIELD_CONTENT_LENGTH]) {
+        /* RFC 9110 §8.6: 1*DIGIT; more than 18 digits is 400 (_framing) */
+        struct str cl = r->single[FIELD_CONTENT_LENGTH];
+        if (cl.n > 18 || !decimal(cl, core_limits.body + 1, &discard)) {
             emit_error(c, 400);
             return;
-        }
-        for (size_t i = 0; i < cl.n; i++) {
-            if (cl.p[i] < '0' || cl.p[i] > '9') {
-                emit_error(c, 400);
-                return;
-            }
-            discard = discard * 10 + (cl.p[i] - '0');
         }
         if (discard > core_limits.body) {
             emit_error(c, 413);
@@ -1029,9 +873,9 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
     }
     int kind, close;
     if (r->minor >= 1) {
-        close = tokens_have(r, F_CONNECTION, "close");
+        close = tokens_have(r, FIELD_CONNECTION, "close");
         kind = close ? CLOSE : KEEP;
-    } else if (tokens_have(r, F_CONNECTION, "keep-alive")) {
+    } else if (tokens_have(r, FIELD_CONNECTION, "keep-alive")) {
         kind = KEEP10, close = 0;
     } else {
         kind = CLOSE, close = 1;
@@ -1039,14 +883,9 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
     c->discard = discard;
 
     int get = eq(r->method, "GET");
-    if (!get && !eq(r->method, "HEAD")) {
-        static const char *const known[] = { "POST", "PUT", "DELETE", "PATCH", "OPTIONS",
-                                             "CONNECT", "TRACE" };
-        int st = 501;
-        for (unsigned k = 0; k < sizeof known / sizeof known[0]; k++)
-            if (eq(r->method, known[k]))
-                st = 405;
-        const struct error *e = error_for((uint32_t)st);
+    if (!IN_LIST(r->method, policy_safe_methods)) {
+        int st = IN_LIST(r->method, policy_known_methods) ? 405 : 501;
+        const struct image_error *e = error_for((uint32_t)st);
         emit(c, img + e->head_off, e->head_len, kind, img + e->body_off, e->body_len, close, 0);
         return;
     }
@@ -1059,7 +898,7 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
         memcpy(slash_path + 1, path.p, path.n);
         path = (struct str){ slash_path, path.n + 1 };
     }
-    const struct route *rt = lookup(path);
+    const struct image_route *rt = lookup(path);
     if (!rt) {
         struct str key;
         if (!route_key(path, &key)) {
@@ -1069,11 +908,11 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
         }
         rt = lookup(key);
     }
-    const struct entry *e;
-    if (rt && rt->kind == 1) {
+    const struct image_entry *e;
+    if (rt && rt->kind == IMAGE_ROUTE_REDIRECT) {
         /* Redirect: location + ("?" + query) + tail, no body */
         make_tail(c, kind);
-        seg(c, img + rt->loc_off, rt->loc_len, 0);
+        seg(c, img + rt->location_off, rt->location_len, 0);
         if (r->has_query) {
             ASSERT(r->query.n + 1 <= sizeof c->dyn);
             c->dyn[0] = '?';
@@ -1086,40 +925,37 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
             c->close_after = 1;
         return;
     }
-    if (rt)
-        e = entry_at(rt->entry);
-    else
-        e = entry_at(H->fallback != NONE ? H->fallback : H->not_found);
+    e = &entries[rt ? rt->entry : H->fallback != IMAGE_NONE ? H->fallback : H->not_found];
 
     int mask = accept_encoding_mask(r);
-    if (e->choice[mask] == 0xff) {
-        const struct error *er = error_for(406);
+    if (e->choice[mask] == IMAGE_NO_VARIANT) {
+        const struct image_error *er = error_for(406);
         emit(c, img + er->head_off, er->head_len, kind, img + er->body_off,
              get ? er->body_len : 0, close, 0);
         return;
     }
-    const struct variant *v = variant_of(e, e->choice[mask]);
-    int64_t lm = (int64_t)((uint64_t)e->lm_hi << 32 | e->lm_lo);
-    if (e->flags & 1) {
-        if (r->n_list[F_INM]) {
+    const struct image_variant *v = variant_of(e, e->choice[mask]);
+    int64_t lm = (int64_t)((uint64_t)e->last_modified_hi << 32 | e->last_modified_lo);
+    if (e->flags & IMAGE_ENTRY_CONDITIONAL) {
+        if (r->n_list[FIELD_IF_NONE_MATCH]) {
             if (none_match(r, (struct str){ img + v->etag_off, v->etag_len })) {
-                emit(c, img + v->h304_off, v->h304_len, kind, NULL, 0, close, 0);
+                emit(c, img + v->head_304_off, v->head_304_len, kind, NULL, 0, close, 0);
                 return;
             }
-        } else if (r->present[F_IMS] && r->single[F_IMS].n) {
+        } else if (r->present[FIELD_IF_MODIFIED_SINCE] && r->single[FIELD_IF_MODIFIED_SINCE].n) {
             int64_t t;
-            if (core_parse_http_date(r->single[F_IMS].p, r->single[F_IMS].n, &t) && lm <= t) {
-                emit(c, img + v->h304_off, v->h304_len, kind, NULL, 0, close, 0);
+            if (core_parse_http_date(r->single[FIELD_IF_MODIFIED_SINCE].p, r->single[FIELD_IF_MODIFIED_SINCE].n, &t) && lm <= t) {
+                emit(c, img + v->head_304_off, v->head_304_len, kind, NULL, 0, close, 0);
                 return;
             }
         }
-        if (get && r->present[F_RANGE] && r->single[F_RANGE].n && (mask & IDENTITY) &&
+        if (get && r->present[FIELD_RANGE] && r->single[FIELD_RANGE].n && (mask & CODING_IDENTITY) &&
             if_range(r, e, lm)) {
-            const struct variant *id = variant_of(e, e->identity);
+            const struct image_variant *id = variant_of(e, e->identity);
             uint64_t first, last;
-            int br = byte_range(r->single[F_RANGE], id->body_len, &first, &last);
+            int br = byte_range(r->single[FIELD_RANGE], id->body_len, &first, &last);
             if (br < 0) {
-                emit(c, img + e->h416_off, e->h416_len, kind, NULL, 0, close, 0);
+                emit(c, img + e->head_416_off, e->head_416_len, kind, NULL, 0, close, 0);
                 return;
             }
             if (br > 0) {
@@ -1197,6 +1033,16 @@ static int need_input(struct core_conn *c)
     return 0;
 }
 
+/* request.cannot_begin: a head with no end yet whose method (the bytes before
+ * the first SP) is empty or holds a non-tchar can only be a 400. */
+static int cannot_begin(const uint8_t *buf, size_t n)
+{
+    size_t i = 0;
+    while (i < n && policy_tchar[buf[i]])
+        i++;
+    return i < n && (i == 0 || buf[i] != ' ');
+}
+
 int core_next(struct core_conn *c, uint64_t now_ms)
 {
     ASSERT(c->resp.n == 0);
@@ -1248,6 +1094,10 @@ int core_next(struct core_conn *c, uint64_t now_ms)
             found = 1;
         }
         if (!found) {
+            if (cannot_begin(buf, lim)) { /* e.g. a TLS ClientHello: 400 at once */
+                emit_error(c, 400);
+                return 1;
+            }
             if (have > limit) {
                 emit_error(c, mem_chr(buf, '\n', limit) ? 431 : 414);
                 return 1;
@@ -1277,13 +1127,13 @@ int core_tick(struct core_conn *c, uint64_t now_ms, int writing)
 {
     uint64_t waited = now_ms - c->since;
     if (writing || c->resp.n)
-        return waited > core_limits.send_ms;
+        return waited > core_limits.send_timeout;
     if (c->len > c->start || c->discard) {
-        if (waited > core_limits.head_ms && !c->close_after)
+        if (waited > core_limits.head_timeout && !c->close_after)
             emit_error(c, 408);
         return 0;
     }
-    return waited > core_limits.idle_ms;
+    return waited > core_limits.idle_timeout;
 }
 
 int core_done(const struct core_conn *c)

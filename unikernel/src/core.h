@@ -1,9 +1,13 @@
 /*
  * The request core: an interpreter of the site image `orisha build --loop
- * unikernel` writes (format: orisha/targets/unikernel/image.py). It is the C twin of the
+ * unikernel` writes (orisha/targets/unikernel/image.py). It is the C twin of the
  * Python core in orisha/core/ and must answer every request head with the
  * same bytes. It is sans-I/O like its twin: the lwIP glue (http.c) feeds it
  * bytes and the time, and writes the segments of one response at a time.
+ *
+ * Its policy (methods, statuses, limits, the image layout) is in policy.h,
+ * generated at build time from the Python tables by
+ * orisha/targets/unikernel/policy_header.py: nothing of it is typed in C.
  *
  * Per connection: feed input with core_take() while core_wants_input(), ask
  * core_next() for the next response, write c->resp (segments in order; a
@@ -15,24 +19,21 @@
 #define ORISHA_CORE_H
 #include <stddef.h>
 #include <stdint.h>
+#include "policy.h"
 
-/* Largest request head (--head-limit) the fixed buffers can hold. */
-#define CORE_HEAD_MAX 8192
-/* Largest request target (--target-limit): a redirect copies the query. */
-#define CORE_TARGET_MAX 4096
+/* The fixed buffers hold the default head and target limits (policy.LIMITS);
+ * http.c clamps larger ones. A redirect copies the query of a target. */
+#define CORE_HEAD_MAX POLICY_DEFAULT_HEAD
+#define CORE_TARGET_MAX POLICY_DEFAULT_TARGET
 
+/* One member per limit the kernel takes (POLICY_LIMITS): counts and bytes as
+ * they are, timeouts in milliseconds. Defaults from policy.h; http.c overrides
+ * them from the kernel command line before the first connection. */
 struct core_limits {
-    uint32_t head;           /* request head bytes before 431 */
-    uint32_t target;         /* request-target bytes before 414 */
-    uint64_t body;           /* request body bytes discarded before 413 */
-    uint64_t idle_ms;        /* keep-alive connection with nothing to do */
-    uint64_t head_ms;        /* a started head (or body) that stalls: 408 */
-    uint64_t send_ms;        /* a reader that takes nothing: dropped */
-    uint32_t connections;    /* open connections; more get 503 */
+#define CORE_LIMIT_MEMBER(name, def, scale) uint64_t name;
+    POLICY_LIMITS(CORE_LIMIT_MEMBER)
+#undef CORE_LIMIT_MEMBER
 };
-
-/* Defaults as orisha/core/connection.py Limits; http.c overrides them
- * from the kernel command line before the first connection. */
 extern struct core_limits core_limits;
 
 struct core_seg {

@@ -320,33 +320,31 @@ static int option(const char *name, uint64_t scale, uint64_t *out)
     return 0;
 }
 
+/* Every limit in POLICY_LIMITS (generated from orisha/core/policy.py LIMITS) as
+ * orisha.<name>=<value>, the value times its scale (seconds become ms). */
 static void limits_from_cmdline(void)
 {
     struct core_limits *l = &core_limits;
     uint64_t v;
-    if (option("idle_timeout", 1000, &v))
-        l->idle_ms = v;
-    if (option("head_timeout", 1000, &v))
-        l->head_ms = v;
-    if (option("send_timeout", 1000, &v))
-        l->send_ms = v;
-    if (option("body", 1, &v))
-        l->body = v;
-    if (option("connections", 1, &v))
-        l->connections = v > 0xffffffffu ? 0xffffffffu : (uint32_t)v;
-    /* The buffers are sized at compile time: larger limits are clamped (and said so). */
-    if (option("head", 1, &v))
-        l->head = v > CORE_HEAD_MAX ? CORE_HEAD_MAX : (uint32_t)v;
-    if (option("target", 1, &v))
-        l->target = v > CORE_TARGET_MAX ? CORE_TARGET_MAX : (uint32_t)v;
+#define LIMIT_FROM_CMDLINE(name, def, scale) \
+    if (option(#name, scale, &v))            \
+        l->name = v;
+    POLICY_LIMITS(LIMIT_FROM_CMDLINE)
+#undef LIMIT_FROM_CMDLINE
+    /* The buffers are sized at compile time: larger limits are clamped. */
+    if (l->head > CORE_HEAD_MAX)
+        l->head = CORE_HEAD_MAX;
+    if (l->target > CORE_TARGET_MAX)
+        l->target = CORE_TARGET_MAX;
     if (l->head < 16)
         l->head = 16;
-    if (platform_verbose())
-        platform_printf("orisha: limits head %u target %u body %lu idle %lu ms head %lu ms "
-                        "send %lu ms connections %u (slots %d)\n",
-                        l->head, l->target, (unsigned long)l->body, (unsigned long)l->idle_ms,
-                        (unsigned long)l->head_ms, (unsigned long)l->send_ms, l->connections,
-                        HTTP_CONNS);
+    if (platform_verbose()) {
+        platform_printf("orisha: limits");
+#define LIMIT_SHOW(name, def, scale) platform_printf(" " #name " %lu", (unsigned long)l->name);
+        POLICY_LIMITS(LIMIT_SHOW)
+#undef LIMIT_SHOW
+        platform_printf(" (timeouts in ms; slots %d)\n", HTTP_CONNS);
+    }
 }
 
 void http_init(const uint8_t *image, size_t len)

@@ -4,24 +4,19 @@ Strategy: the build decides everything, the kernel only interprets. The same
 ``orisha.core.site`` classes the Python loops use compute every head (200, 304,
 416), the negotiation table and the redirects, so the two cores cannot drift
 on what a response looks like; this module only lays them out as little-endian
-u32 records the C side (``unikernel/src/core.c``) reads in place. Byte strings
-and bodies are stored once each. Then ``unikernel/build.sh`` links the blob into
+records the C side (``unikernel/src/core.c``) reads in place. Byte strings and
+bodies are stored once each. Then ``unikernel/build.sh`` links the blob into
 ``OUT/orisha.img`` and the manifest records the image.
 
-Format (version 1; offsets are from the start of the blob, all u32 LE):
-
-  header   16 u32: magic "ORSI", version, total size, n_routes, routes_off,
-           n_entries, entries_off, not_found entry, fallback entry (0xffffffff:
-           none), errors_off, n_errors, 5 reserved
-  route    8 u32, sorted by key bytes: key_off, key_len, kind (0 entry,
-           1 redirect), entry, location_off, location_len, tail_off, tail_len
-           (location = "HTTP/1.1 301 …Location: /dir/", the query goes between
-           location and tail)
-  entry    8 u32 + 16 u8: last_modified lo, hi (signed 64), flags (1 = conditional),
-           n_variants, identity variant, head_416 off, len, variants_off;
-           choice[mask] = variant index for an Accept-Encoding mask, 0xff = 406
-  variant  10 u32: head, head_304, fields, etag, body as (off, len) pairs
-  error    5 u32: status, head off, len, body off, len (406's head carries Vary)
+Format: the record layouts are written once, in ``RECORDS`` below; ``encode``
+packs them and ``policy_header`` declares the same layouts as C structs (with
+their sizes and offsets asserted) in the kernel's generated ``policy.h``.
+Offsets are from the start of the blob. The image is: the header, the byte
+strings and bodies, padding to 4, then the error, variant, entry and route
+tables. Routes are sorted by key bytes; a redirect's ``location`` is
+"HTTP/1.1 301 …Location: /dir/" and the query goes between it and ``tail``.
+An entry's ``choice[mask]`` is the variant for an Accept-Encoding mask
+(``NO_VARIANT``: 406).
 """
 
 from __future__ import annotations
@@ -34,16 +29,64 @@ import subprocess
 
 from ... import manifest
 from ...core.connection import ERRORS
-from ...core.site import Entry, Redirect, Variant
+from ...core.site import CODING_BITS, Entry, Redirect, Variant
 from ...embed.assemble import Document
 from ...errors import BuildError
 
 MAGIC = 0x4953524F  # "ORSI"
-VERSION = 1
-NONE = 0xFFFFFFFF
+VERSION = 2
+NONE = 0xFFFFFFFF   # no such entry (the header's fallback)
+NO_VARIANT = 0xFF   # an entry's choice for a mask nothing acceptable answers: 406
+ROUTE_ENTRY, ROUTE_REDIRECT = 0, 1  # a route's kind
+ENTRY_CONDITIONAL = 1               # an entry's flags: takes preconditions and ranges
+MASKS = 1 << len(CODING_BITS)       # Accept-Encoding masks: an entry's choice slots
 IMAGE = "orisha.img"
 BLOB = "site.img"
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# A field's kind: its struct format and the C members it becomes. ``span``: bytes
+# elsewhere in the image (offset, length); ``table``: records elsewhere (offset,
+# count); ``i64``: a signed 64-bit value as two u32 halves (tables are only 4-aligned).
+KINDS = {"u32": ("I", ("",)), "span": ("II", ("_off", "_len")), "table": ("II", ("_off", "_n")),
+         "i64": ("II", ("_lo", "_hi")), "choice": (f"{MASKS}s", ("",))}
+
+
+class Record:
+    """One record of the image: named fields packed little-endian, no padding."""
+
+    def __init__(self, name: str, *fields: tuple[str, str]) -> None:
+        self.name = name
+        self.fields = fields
+        self.struct = struct.Struct("<" + "".join(KINDS[kind][0] for _, kind in fields))
+        self.size = self.struct.size
+
+    def pack(self, **values) -> bytes:
+        """The record's bytes; a span or table takes an (offset, length) pair."""
+        args: list = []
+        for name, kind in self.fields:
+            v = values.pop(name)
+            if kind == "i64":
+                v &= 0xFFFFFFFFFFFFFFFF
+                args += (v & 0xFFFFFFFF, v >> 32)
+            elif kind in ("span", "table"):
+                args += v
+            else:
+                args.append(v)
+        assert not values, values
+        return self.struct.pack(*args)
+
+
+HEADER = Record("header", ("magic", "u32"), ("version", "u32"), ("size", "u32"),
+                ("routes", "table"), ("entries", "table"), ("errors", "table"),
+                ("not_found", "u32"), ("fallback", "u32"))
+ERROR = Record("error", ("status", "u32"), ("head", "span"), ("body", "span"))
+VARIANT = Record("variant", ("head", "span"), ("head_304", "span"), ("fields", "span"),
+                 ("etag", "span"), ("body", "span"))
+ENTRY = Record("entry", ("last_modified", "i64"), ("flags", "u32"), ("identity", "u32"),
+               ("head_416", "span"), ("variants", "table"), ("choice", "choice"))
+ROUTE = Record("route", ("key", "span"), ("kind", "u32"), ("entry", "u32"),
+               ("location", "span"), ("tail", "span"))
+RECORDS = (HEADER, ERROR, VARIANT, ENTRY, ROUTE)
 
 
 def unikernel_dir() -> str:
@@ -79,74 +122,81 @@ class _Data:
         return off, len(b)
 
 
-def encode(docs: list[Document], table: dict[bytes, tuple[str, str]], not_found: Document,
-           fallback: str | None) -> bytes:
-    """The site image the C core interprets (see the module docstring)."""
-    entries = [_entry(d) for d in docs] + [_entry(not_found)]
-    index = {d.rel: i for i, d in enumerate(docs)}
-    nf = len(docs)
-    data = _Data(64)
+def _errors(data: _Data) -> list[bytes]:
+    return [ERROR.pack(status=status, head=data.put(ERRORS[status][0]),
+                       body=data.put(ERRORS[status][1])) for status in sorted(ERRORS)]
 
-    erecs = []
-    for status in sorted(ERRORS):
-        head, body = ERRORS[status]
-        erecs.append((status, *data.put(head), *data.put(body)))
 
-    vrecs: list[tuple] = []
-    ent_recs = []
+def _variants(entries: list[Entry], data: _Data) -> tuple[list[bytes], list[int]]:
+    """Every entry's variants, in entry order, and the index of each entry's first."""
+    records, first = [], []
     for e in entries:
-        first = len(vrecs)
-        for v in e.variants:
-            vrecs.append((*data.put(v.head), *data.put(v.head_304), *data.put(v.fields),
-                          *data.put(v.etag), *data.put(v.body)))
-        choice = bytes(0xFF if c is None else e.variants.index(c) for c in e.choice)
-        lm = e.last_modified & 0xFFFFFFFFFFFFFFFF
-        ent_recs.append((lm & 0xFFFFFFFF, lm >> 32, 1 if e.conditional else 0, len(e.variants),
-                         e.variants.index(e.identity), *data.put(e.head_416), first, choice))
+        first.append(len(records))
+        records += [VARIANT.pack(head=data.put(v.head), head_304=data.put(v.head_304),
+                                 fields=data.put(v.fields), etag=data.put(v.etag),
+                                 body=data.put(v.body)) for v in e.variants]
+    return records, first
 
-    rrecs = []
+
+def _entries(entries: list[Entry], first: list[int], head_416: list[tuple[int, int]],
+             variants_off: int) -> list[bytes]:
+    return [ENTRY.pack(last_modified=e.last_modified,
+                       flags=ENTRY_CONDITIONAL if e.conditional else 0,
+                       identity=e.variants.index(e.identity), head_416=h416,
+                       variants=(variants_off + VARIANT.size * i, len(e.variants)),
+                       choice=bytes(NO_VARIANT if c is None else e.variants.index(c)
+                                    for c in e.choice))
+            for e, i, h416 in zip(entries, first, head_416)]
+
+
+def _routes(table: dict[bytes, tuple[str, str]], index: dict[str, int], data: _Data) -> list[bytes]:
+    records = []
     for key in sorted(table):
         kind, value = table[key]
         if len(key) > 0xFFFF:
             raise BuildError(f"{key.decode('utf-8', 'replace')}: path too long for the unikernel image")
         if kind == "doc":
-            rrecs.append((*data.put(key), 0, index[value], 0, 0, 0, 0))
+            records.append(ROUTE.pack(key=data.put(key), kind=ROUTE_ENTRY, entry=index[value],
+                                      location=(0, 0), tail=(0, 0)))
         else:
             r = Redirect(value.encode())
-            rrecs.append((*data.put(key), 1, 0, *data.put(r.location), *data.put(r.tail)))
+            records.append(ROUTE.pack(key=data.put(key), kind=ROUTE_REDIRECT, entry=0,
+                                      location=data.put(r.location), tail=data.put(r.tail)))
+    return records
 
-    pad = -(64 + data.size) % 4
-    base = 64 + data.size + pad
-    errors_off = base
-    variants_off = errors_off + 20 * len(erecs)
-    entries_off = variants_off + 40 * len(vrecs)
-    routes_off = entries_off + 48 * len(ent_recs)
-    total = routes_off + 32 * len(rrecs)
+
+def encode(docs: list[Document], table: dict[bytes, tuple[str, str]], not_found: Document,
+           fallback: str | None) -> bytes:
+    """The site image the C core interprets (see the module docstring)."""
+    entries = [_entry(d) for d in docs] + [_entry(not_found)]
+    index = {d.rel: i for i, d in enumerate(docs)}
+    data = _Data(HEADER.size)
+    errors = _errors(data)
+    variants, first = _variants(entries, data)
+    head_416 = [data.put(e.head_416) for e in entries]
+    routes = _routes(table, index, data)
+    # Entries point at their variants: they are packed once the tables' places are known.
+    n_entries = len(entries)
+    pad = -(HEADER.size + data.size) % 4
+    errors_off = HEADER.size + data.size + pad
+    variants_off = errors_off + ERROR.size * len(errors)
+    entries_off = variants_off + VARIANT.size * len(variants)
+    routes_off = entries_off + ENTRY.size * n_entries
+    total = routes_off + ROUTE.size * len(routes)
     if total >= 1 << 32:
         raise BuildError(f"site too large for the unikernel image ({total:,} bytes; the limit is 4 GiB)")
-
-    out = bytearray()
-    out += struct.pack("<16I", MAGIC, VERSION, total, len(rrecs), routes_off, len(ent_recs),
-                       entries_off, nf, index[fallback] if fallback else NONE, errors_off,
-                       len(erecs), 0, 0, 0, 0, 0)
-    for p in data.parts:
-        out += p
-    out += b"\0" * pad
-    for r in erecs:
-        out += struct.pack("<5I", *r)
-    for r in vrecs:
-        out += struct.pack("<10I", *r)
-    for r in ent_recs:
-        *nums, first, choice = r
-        out += struct.pack("<8I", *nums, variants_off + 40 * first) + choice
-    for r in rrecs:
-        out += struct.pack("<8I", *r)
+    records = _entries(entries, first, head_416, variants_off)
+    head = HEADER.pack(magic=MAGIC, version=VERSION, size=total, routes=(routes_off, len(routes)),
+                       entries=(entries_off, n_entries), errors=(errors_off, len(errors)),
+                       not_found=len(docs), fallback=index[fallback] if fallback else NONE)
+    out = b"".join([head, *data.parts, b"\0" * pad, *errors, *variants, *records, *routes])
     assert len(out) == total
-    return bytes(out)
+    return out
 
 
 def link(blob_path: str, image_path: str) -> None:
     """Run unikernel/build.sh: the kernel with the blob embedded, as one ELF for QEMU -kernel."""
+    from . import policy_header  # here: it reads this module's layouts
     src = unikernel_dir()
     script = os.path.join(src, "build.sh")
     if not os.path.isfile(script):
@@ -158,6 +208,7 @@ def link(blob_path: str, image_path: str) -> None:
     env = dict(os.environ, BUILD="build/image", JOBS=os.environ.get("JOBS", "2"))
     with open(os.path.join(objdir, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        policy_header.write(os.path.join(objdir, "gen"))  # the Makefile's $(GEN)
         try:
             r = subprocess.run([script, blob_path, image_path], capture_output=True, text=True,
                                env=env)

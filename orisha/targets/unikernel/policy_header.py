@@ -1,0 +1,186 @@
+"""The C core's ``policy.h``, generated from the Python core's tables at build time.
+
+Strategy: the Python core is the specification, so the C core (unikernel/src/core.c)
+retypes none of it: this module renders, in the way h2o's ``misc/tokens.pl`` writes
+its token tables, everything the C side would otherwise copy by hand — the methods,
+error pages and fatal statuses (``core/policy.py``), the limits the kernel takes and
+their command-line names (``policy.LIMITS`` with ``kernel``), the token characters
+and request fields the parser reads (``core/request.py``), the coding bits and the
+tokens naming them (``core/site.py``, ``core/negotiate.py``), the saturation bounds
+of numbers (``negotiate.RANGE_MAX``, ``dates.YEAR_MAX``), and the site image's record
+layouts (``image.RECORDS``) as C structs whose sizes and offsets are asserted at
+compile time. ``image.link`` writes it into the kernel's object directory before
+``make``; by hand: ``python -m orisha.targets.unikernel.policy_header OUTDIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ...core import dates, negotiate, policy, request, site
+from ...errors import BuildError
+from . import image
+
+NAME = "policy.h"
+
+
+def _c_name(token: bytes) -> str:
+    return token.decode().upper().replace("-", "_")
+
+
+def _strings(items) -> str:
+    return ", ".join('"%s"' % i.decode() for i in items)
+
+
+def _methods_and_statuses() -> list[str]:
+    fatal = sorted(policy.FATAL)
+    return [
+        "/* RFC 9110 §9.3: served; known but not performed (405 with Allow); any other 501. */",
+        f"static const char *const policy_safe_methods[] = {{ {_strings(policy.SAFE_METHODS)} }};",
+        f"static const char *const policy_known_methods[] = {{ {_strings(policy.KNOWN_METHODS)} }};",
+        "/* The built-in error pages every image carries (connection.ERRORS). */",
+        "static const uint16_t policy_error_pages[] = { %s };"
+        % ", ".join(map(str, policy.ERROR_PAGES)),
+        "/* After these the request stream cannot be framed: close and drop the rest. */",
+        "static const uint16_t policy_fatal[] = { %s };" % ", ".join(map(str, fatal)),
+    ]
+
+
+def _limits() -> list[str]:
+    """X(name, default, scale): ``orisha.<name>=<value>`` on the kernel command line; the
+    core holds value x scale (limits in seconds, the Python floats, as milliseconds)."""
+    rows, defaults = [], []
+    for limit in policy.LIMITS:
+        if not limit.kernel:
+            continue
+        scale = 1000 if isinstance(limit.default, float) else 1
+        default = round(limit.default * scale)
+        rows.append(f"    X({limit.attr}, {default}ull, {scale})")
+        defaults.append(f"#define POLICY_DEFAULT_{limit.attr.upper()} {default}ull")
+    return ["/* The limits the kernel takes (policy.LIMITS): X(name, default, scale), read",
+            " * from orisha.<name>=<value> on the command line and held as value x scale",
+            " * (seconds as milliseconds). */",
+            "#define POLICY_LIMITS(X) \\", " \\\n".join(rows), *defaults]
+
+
+def _grammar() -> list[str]:
+    table = [1 if ch in request.TCHARS else 0 for ch in range(256)]
+    rows = [", ".join(map(str, table[i:i + 32])) for i in range(0, 256, 32)]
+    single, listed = request.SINGLE_FIELDS, request.LIST_FIELDS
+    names = [f"FIELD_{_c_name(n)}" for n in single + listed]
+    enum = names[:len(single)] + [f"FIELD_SINGLE_N, {names[len(single)]} = FIELD_SINGLE_N"] \
+        + names[len(single) + 1:] + ["FIELD_N"]
+    return [
+        "/* RFC 9110 §5.6.2 tchar (request.TCHARS), by byte. */",
+        "static const uint8_t policy_tchar[256] = {", *(f"    {r}," for r in rows), "};",
+        "/* The request fields the core reads: single ones keep one value, list ones are",
+        " * joined (request.SINGLE_FIELDS, request.LIST_FIELDS). */",
+        "enum policy_field {", *(f"    {e}," for e in enum), "};",
+        "static const char *const policy_field_names[FIELD_N] = {",
+        *(f'    "{n.decode()}",' for n in single + listed), "};",
+        "/* 1*DIGIT numbers saturate here (negotiate.RANGE_MAX, dates.YEAR_MAX). */",
+        f"#define POLICY_RANGE_MAX {negotiate.RANGE_MAX}ull",
+        f"#define POLICY_YEAR_MAX {dates.YEAR_MAX}ull",
+    ]
+
+
+def _codings() -> list[str]:
+    lines = ["/* Content-coding bits of an Accept-Encoding mask (site.CODING_BITS) and the",
+             " * tokens that name them (negotiate.CODING_TOKENS). */"]
+    lines += [f"#define CODING_{_c_name(n)} {bit}" for n, bit in site.CODING_BITS.items()]
+    lines += ["static const struct policy_coding { const char *token; uint8_t bit; } "
+              "policy_codings[] = {",
+              *(f'    {{ "{t.decode()}", {bit} }},' for t, bit in negotiate.CODING_TOKENS.items()),
+              "};"]
+    return lines
+
+
+def _record(rec: image.Record) -> list[str]:
+    struct_name = f"struct image_{rec.name}"
+    members, checks, spans = [], [], []
+    offset = 0
+    for name, kind in rec.fields:
+        suffixes = image.KINDS[kind][1]
+        if kind == "choice":
+            members.append(f"    uint8_t {name}[{image.MASKS}];")
+            checks.append((name, offset))
+            offset += image.MASKS
+            continue
+        members.append("    uint32_t %s;" % ", ".join(name + s for s in suffixes))
+        for s in suffixes:
+            checks.append((name + s, offset))
+            offset += 4
+        if kind == "span":
+            spans.append(f"X({name})")
+    assert offset == rec.size, rec.name
+    upper = rec.name.upper()
+    lines = [f"{struct_name} {{", *members, "};", f"#define IMAGE_{upper}_SIZE {rec.size}",
+             f'_Static_assert(sizeof({struct_name}) == IMAGE_{upper}_SIZE, "{rec.name} record");']
+    lines += [f'_Static_assert(offsetof({struct_name}, {n}) == {off}, "{rec.name}.{n}");'
+              for n, off in checks]
+    if spans:
+        lines.append(f"#define IMAGE_{upper}_SPANS(X) {' '.join(spans)}")
+    return lines
+
+
+def _image() -> list[str]:
+    lines = ["/* The site image (image.py): constants, and every record as a struct. A",
+             " * span is bytes elsewhere in the image (_off, _len), a table records",
+             " * (_off, _n); IMAGE_<RECORD>_SPANS lists a record's spans. */",
+             f"#define IMAGE_MAGIC {image.MAGIC:#x}u", f"#define IMAGE_VERSION {image.VERSION}u",
+             f"#define IMAGE_NONE {image.NONE:#x}u", f"#define IMAGE_NO_VARIANT {image.NO_VARIANT:#x}",
+             f"#define IMAGE_ROUTE_ENTRY {image.ROUTE_ENTRY}",
+             f"#define IMAGE_ROUTE_REDIRECT {image.ROUTE_REDIRECT}",
+             f"#define IMAGE_ENTRY_CONDITIONAL {image.ENTRY_CONDITIONAL}",
+             f"#define IMAGE_MASKS {image.MASKS}"]
+    for rec in image.RECORDS:
+        lines += ["", *_record(rec)]
+    return lines
+
+
+def render() -> str:
+    sections = [_methods_and_statuses(), _limits(), _grammar(), _codings(), _image()]
+    body = "\n\n".join("\n".join(s) for s in sections)
+    return (f"/* {NAME}: generated by orisha/targets/unikernel/policy_header.py from the Python\n"
+            " * core's tables. DO NOT EDIT: change the Python and rebuild. */\n"
+            "#ifndef ORISHA_POLICY_H\n#define ORISHA_POLICY_H\n"
+            "#include <stddef.h>\n#include <stdint.h>\n\n"
+            f"{body}\n\n#endif\n")
+
+
+def write(outdir: str) -> str:
+    """Write OUTDIR/policy.h (only when it changed, so make rebuilds only what it must)."""
+    path = os.path.join(outdir, NAME)
+    text = render()
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return path
+    except FileNotFoundError:
+        pass
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # never a half-written header
+    except OSError as e:
+        raise BuildError(f"{path}: cannot write the generated header ({e.strerror})") from None
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m orisha.targets.unikernel.policy_header OUTDIR", file=sys.stderr)
+        return 2
+    try:
+        print(write(argv[0]))
+    except BuildError as e:
+        print(f"policy_header: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
