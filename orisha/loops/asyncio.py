@@ -19,16 +19,18 @@ try:
 except ImportError:  # documented fallback: the stdlib loop, same behaviour, slower
     uvloop = None
 
+from ..blob import REGION_MIN, FileRegion
 from ..core.connection import App
 
 _SLICE = 256 * 1024
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("body", "conn", "t", "paused", "reading", "eof_sent")
+    __slots__ = ("body", "conn", "t", "paused", "reading", "eof_sent", "region_done")
 
     def __init__(self, body: "Loop") -> None:
         self.body = body
+        self.region_done = 0  # bytes of the first FileRegion written (base.py: reported whole)
         self.eof_sent = False
         self.paused = False
         self.reading = True
@@ -59,6 +61,17 @@ class _Protocol(asyncio.Protocol):
         self.paused = False
         self.flush(time.time())
 
+    def _write_region(self, region: FileRegion, now: float) -> None:
+        done = self.region_done
+        piece = region.view[done:done + _SLICE]
+        self.t.write(piece)
+        self.region_done = done = done + len(piece)
+        if done < region.length:
+            self.conn.sent(0, now)
+        else:
+            self.region_done = 0
+            self.conn.sent(region.length, now)
+
     def connection_lost(self, exc) -> None:
         self.body.protocols.discard(self)
         self.conn.close()
@@ -71,11 +84,14 @@ class _Protocol(asyncio.Protocol):
             out = conn.outgoing
             if not out:
                 break
+            first = out[0]
+            if first.__class__ is FileRegion:  # a transport writes memory: the region's map
+                self._write_region(first, now)
+                continue
             size = sum(len(b) for b in out)
-            if size <= _SLICE:
+            if size < REGION_MIN:  # so never a FileRegion among them (each is at least that)
                 t.writelines(out)
             else:
-                first = out[0]
                 size = min(len(first), _SLICE)
                 t.write(first if size == len(first) else memoryview(first)[:size])
             conn.sent(size, now)

@@ -25,6 +25,14 @@ the core's. For each accepted socket it follows this contract:
 
 ``now`` is ``time.time()``. Errors on a socket (ECONNRESET, EPIPE…) end that
 connection only: the loop closes it and calls ``conn.close()``.
+
+Items of ``outgoing`` are bytes-like, except large bodies, which are
+``orisha.blob.FileRegion(fd, offset, length)``: bytes of the blob's file to send
+with sendfile (or splice), never through the worker's memory. A region is
+reported whole: while part of it is written the loop keeps its own position in
+it and calls ``conn.sent(0, now)`` (progress, for the send timeout), then
+``conn.sent(region.length, now)`` once all of it is written. A loop that cannot
+send from a file writes ``region.view`` (a memoryview of the same bytes).
 """
 
 from __future__ import annotations

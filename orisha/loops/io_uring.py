@@ -25,6 +25,8 @@ import time
 
 import liburing as L
 
+from ..blob import FileRegion
+
 RECV = 16384
 IOV_MAX = 60
 SLAB = 64
@@ -34,11 +36,12 @@ _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class _Conn:
-    __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing", "shut")
+    __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing", "shut", "region", "done")
 
     def __init__(self, cid: int, fd: int, conn, buf: memoryview) -> None:
         self.id, self.fd, self.conn, self.buf = cid, fd, conn, buf
         self.recv, self.iov, self.closing, self.shut = False, None, False, False
+        self.region, self.done = None, 0  # a FileRegion being written and its bytes written
 
 
 class Loop:
@@ -90,11 +93,22 @@ class Loop:
             L.io_uring_prep_shutdown(self._sqe(IGNORE), c.fd, socket.SHUT_WR)
         if c.iov is None and out:
             bufs = [b for b in out[:IOV_MAX] if len(b)]
+            if FileRegion in map(type, bufs):
+                bufs = self._upto_region(c, bufs)
             c.iov = L.iovec(bufs)  # holds the buffers until the completion arrives
             L.io_uring_prep_writev(self._sqe(c.id << 3 | SEND), c.fd, c.iov, len(bufs), 0)
         if not c.recv and c.conn.wants_read:
             L.io_uring_prep_recv(self._sqe(c.id << 3 | RECV_OP), c.fd, c.buf, RECV, 0)
             c.recv = True
+
+    @staticmethod
+    def _upto_region(c: _Conn, bufs: list) -> list:
+        """The buffers before the first FileRegion or, when it is first, the rest of its map:
+        this fallback writes regions from memory (the compiled loop splices them)."""
+        if bufs[0].__class__ is FileRegion:
+            c.region = bufs[0]
+            return [c.region.view[c.done:]]
+        return bufs[:list(map(type, bufs)).index(FileRegion)]
 
     def _accepted(self, fd: int, now: float) -> None:
         if not self.free:
@@ -192,7 +206,15 @@ class Loop:
                 c.closing = True  # ECONNRESET and friends end this connection only
         else:
             c.iov = None
-            if res >= 0:
+            if res >= 0 and c.region is not None:  # a region is reported whole (base.py)
+                region, c.region = c.region, None
+                c.done += res
+                if c.done < region.length:
+                    c.conn.sent(0, now)
+                else:
+                    c.done = 0
+                    c.conn.sent(region.length, now)
+            elif res >= 0:
                 c.conn.sent(res, now)
             elif res != -errno.ECANCELED:
                 c.closing = True  # EPIPE/ECONNRESET: the client left mid-response
