@@ -105,9 +105,7 @@ def parse_head(head: bytes, max_target: int) -> Request:
             raise HttpError(400, "HTTP/0.9 request or missing version")
         raise HttpError(400, "malformed request line")
     method, target, version = parts
-    # The method first: a request line whose method is not a token is 400 whatever
-    # follows, which is what lets the connection refuse it before its line end.
-    if not _TOKEN.fullmatch(method):
+    if not _TOKEN.fullmatch(method):  # first, so that cannot_begin can judge it early
         raise HttpError(400, "malformed method")
     v = _VERSION.fullmatch(version)
     if v is None:
