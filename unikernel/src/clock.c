@@ -7,6 +7,7 @@
  */
 #include <stdint.h>
 #include "platform.h"
+#include "boot.h"
 #include "io.h"
 
 #define NSEC_PER_SEC 1000000000ull

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <string.h>
 #include "platform.h"
+#include "boot.h"
 
 struct trap_frame {
     uint64_t vector, error, rip, cs, rflags, rsp, ss;

@@ -1,9 +1,11 @@
-/* Small printf-style formatter: %d %i %u %x %X %p %s %c %%, flags '0' '-',
- * width, precision for %s, length modifiers l ll z. */
+/* Small printf-style formatter: %d %i %u %x %X %p %s %c %%, flags '0' '-' '#',
+ * width, precision for %s (digits or '*'), length modifiers l ll z; and the
+ * console log built on it. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "platform.h"
+#include "boot.h"
 #include "serial.h"
 
 struct out {
@@ -48,9 +50,24 @@ static void out_num(struct out *o, uint64_t v, int neg, unsigned base, int upper
         out_pad(o, ' ', width - len);
 }
 
+/* A width or precision: decimal digits, or '*' for the next int argument. */
+static int field(const char **fmt, va_list *args)
+{
+    if (**fmt == '*') {
+        (*fmt)++;
+        return va_arg(*args, int);
+    }
+    int n = 0;
+    while (**fmt >= '0' && **fmt <= '9')
+        n = n * 10 + (*(*fmt)++ - '0');
+    return n;
+}
+
 int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap)
 {
     struct out o = { buf, size, 0 };
+    va_list args; /* a copy the helpers can take the address of (va_list may be an array) */
+    va_copy(args, ap);
     for (; *fmt; fmt++) {
         if (*fmt != '%') {
             out_c(&o, *fmt);
@@ -64,23 +81,10 @@ int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap)
             else if (*fmt == '#') alt = 1;
             else break;
         }
-        if (*fmt == '*') {
-            width = va_arg(ap, int);
-            fmt++;
-        } else {
-            while (*fmt >= '0' && *fmt <= '9')
-                width = width * 10 + (*fmt++ - '0');
-        }
+        width = field(&fmt, &args);
         if (*fmt == '.') {
             fmt++;
-            prec = 0;
-            if (*fmt == '*') {
-                prec = va_arg(ap, int);
-                fmt++;
-            } else {
-                while (*fmt >= '0' && *fmt <= '9')
-                    prec = prec * 10 + (*fmt++ - '0');
-            }
+            prec = field(&fmt, &args);
         }
         while (*fmt == 'l' || *fmt == 'z') {
             lng++;
@@ -89,14 +93,14 @@ int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap)
         switch (*fmt) {
         case 'd':
         case 'i': {
-            int64_t v = lng ? va_arg(ap, int64_t) : va_arg(ap, int);
+            int64_t v = lng ? va_arg(args, int64_t) : va_arg(args, int);
             out_num(&o, v < 0 ? (uint64_t)-v : (uint64_t)v, v < 0, 10, 0, width, zero, left);
             break;
         }
         case 'u':
         case 'x':
         case 'X': {
-            uint64_t v = lng ? va_arg(ap, uint64_t) : va_arg(ap, unsigned);
+            uint64_t v = lng ? va_arg(args, uint64_t) : va_arg(args, unsigned);
             if (alt && *fmt != 'u') {
                 out_c(&o, '0');
                 out_c(&o, 'x');
@@ -107,10 +111,10 @@ int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap)
         case 'p':
             out_c(&o, '0');
             out_c(&o, 'x');
-            out_num(&o, (uintptr_t)va_arg(ap, void *), 0, 16, 0, width, zero, left);
+            out_num(&o, (uintptr_t)va_arg(args, void *), 0, 16, 0, width, zero, left);
             break;
         case 's': {
-            const char *s = va_arg(ap, const char *);
+            const char *s = va_arg(args, const char *);
             if (!s)
                 s = "(null)";
             int n = 0;
@@ -125,7 +129,7 @@ int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap)
             break;
         }
         case 'c':
-            out_c(&o, (char)va_arg(ap, int));
+            out_c(&o, (char)va_arg(args, int));
             break;
         case '%':
             out_c(&o, '%');
@@ -139,6 +143,7 @@ int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap)
             break;
         }
     }
+    va_end(args);
     if (size)
         buf[o.len < size ? o.len : size - 1] = 0;
     return (int)o.len;

@@ -19,6 +19,7 @@
  */
 #include <string.h>
 #include "lwip/tcp.h"
+#include "lwip/priv/tcp_priv.h" /* tcp_active_pcbs: what is still unacknowledged at a stop */
 #include "core.h"
 #include "http.h"
 #include "platform.h"
@@ -43,7 +44,8 @@ struct hconn {
 
 static struct hconn conns[HTTP_CONNS];
 static uint32_t open_conns;
-static uint64_t responses;
+static struct tcp_pcb *listener;
+static int stopping;             /* http_stop(): each connection ends after its current response */
 
 static uint64_t now_ms(void)
 {
@@ -146,7 +148,6 @@ static int write_resp(struct hconn *h)
     }
     r->n = 0;
     h->seg = 0;
-    responses++;
     return 1;
 }
 
@@ -164,7 +165,7 @@ static err_t pump(struct hconn *h)
                 break;
             continue;
         }
-        if (core_done(c)) {
+        if (core_done(c) || stopping) {
             tcp_output(h->pcb);
             return close_conn(h);
         }
@@ -356,14 +357,39 @@ void http_init(const uint8_t *image, size_t len)
     err_t e = tcp_bind(pcb, IP_ANY_TYPE, HTTP_PORT);
     if (e != ERR_OK)
         PANIC("http: bind port %d failed (%d)", HTTP_PORT, e);
-    pcb = tcp_listen(pcb);
-    ASSERT(pcb);
-    tcp_accept(pcb, on_accept);
+    listener = tcp_listen(pcb);
+    ASSERT(listener);
+    tcp_accept(listener, on_accept);
     if (platform_verbose())
         platform_printf("orisha: http listening on port %d, %u routes\n", HTTP_PORT, routes);
 }
 
-uint64_t http_responses(void)
+/*
+ * A graceful stop, as the hosted loops' (Connection.shutdown): no new
+ * connections (lwIP answers a SYN for a closed port with a RST, and aborts
+ * handshakes still in progress), idle connections close now, busy ones once
+ * their current response is queued.
+ */
+void http_stop(void)
 {
-    return responses;
+    if (stopping)
+        return;
+    stopping = 1;
+    if (tcp_close(listener) != ERR_OK) /* a listener closes without allocating */
+        PANIC("http: closing the listener failed");
+    listener = NULL;
+    for (int i = 0; i < HTTP_CONNS; i++)
+        if (conns[i].used && !conns[i].closing)
+            pump(&conns[i]);
+}
+
+/* Open connections, or bytes (a FIN included) the peers have not acknowledged. */
+int http_busy(void)
+{
+    if (open_conns)
+        return 1;
+    for (const struct tcp_pcb *p = tcp_active_pcbs; p; p = p->next)
+        if (p->unsent || p->unacked || (p->flags & TF_CLOSEPEND))
+            return 1;
+    return 0;
 }

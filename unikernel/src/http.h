@@ -10,6 +10,10 @@
 #define ORISHA_HTTP_H
 #include <stddef.h>
 #include <stdint.h>
+/* Adopt the site image (PANICs on a bad one), read the limits, listen. */
 void http_init(const uint8_t *image, size_t len);
-uint64_t http_responses(void);
+/* Graceful stop: no new connections; each open one ends after its current response. */
+void http_stop(void);
+/* 1 while connections are open or sent bytes are unacknowledged (0 after a stop: drained). */
+int http_busy(void);
 #endif

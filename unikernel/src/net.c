@@ -1,3 +1,8 @@
+/*
+ * lwIP glue: a netif over virtio-net, DHCP, and one pass of the polling loop
+ * (frames in, lwIP's timers, frames out). The loop itself is the
+ * application's (main.c); HTTP is http.c.
+ */
 #include <string.h>
 #include "lwip/init.h"
 #include "lwip/netif.h"
@@ -10,7 +15,6 @@
 #include "net.h"
 #include "virtio_net.h"
 #include "platform.h"
-#include "io.h"
 
 static struct netif nif;
 static uint64_t rx_dropped, tx_dropped;
@@ -96,43 +100,24 @@ void net_init(void)
         PANIC("dhcp_start failed");
 }
 
-static int poll_once(void)
+int net_poll(void)
 {
     int n = virtio_net_rx_poll(rx_frame, NULL, 64);
-    platform_wallclock_poll();
     sys_check_timeouts();
     virtio_net_flush();
     return n;
 }
 
-void net_wait_for_address(void)
+int net_has_address(void)
 {
-    uint32_t warned = 0;
-    while (!dhcp_supplied_address(&nif)) {
-        if (!poll_once())
-            cpu_relax();
-        uint32_t now = platform_now_ms();
-        if (now / 5000 > warned) {
-            warned = now / 5000;
-            platform_printf("orisha: still waiting for DHCP (%u s)\n", now / 1000);
-        }
-    }
+    return dhcp_supplied_address(&nif);
 }
 
-void net_run(void)
+void net_log_stats(void)
 {
-    uint32_t next_stats = platform_now_ms() + 10000;
-    for (;;) {
-        if (!poll_once())
-            cpu_relax();
-        if (platform_verbose() && (int32_t)(platform_now_ms() - next_stats) >= 0) {
-            const struct virtio_net_stats *st = virtio_net_stats();
-            platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu "
-                            "tx_dropped %lu\n",
-                            (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
-                            (unsigned long)st->tx_full, (unsigned long)rx_dropped,
-                            (unsigned long)tx_dropped);
-            next_stats += 10000;
-        }
-    }
+    const struct virtio_net_stats *st = virtio_net_stats();
+    platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu tx_dropped %lu\n",
+                    (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
+                    (unsigned long)st->tx_full, (unsigned long)rx_dropped,
+                    (unsigned long)tx_dropped);
 }

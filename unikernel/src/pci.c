@@ -13,7 +13,7 @@ uint32_t pci_read32(struct pci_addr a, uint8_t off)
     return inl(0xcfc);
 }
 
-void pci_write16(struct pci_addr a, uint8_t off, uint16_t v)
+static void pci_write16(struct pci_addr a, uint8_t off, uint16_t v)
 {
     outl(0xcf8, cfg_addr(a, off));
     outw((uint16_t)(0xcfc + (off & 2)), v);

@@ -8,7 +8,6 @@ struct pci_addr {
 };
 
 uint32_t pci_read32(struct pci_addr a, uint8_t off);
-void pci_write16(struct pci_addr a, uint8_t off, uint16_t v);
 int pci_present(void);
 /* Find the first function with vendor/device on bus 0. Returns 1 if found. */
 int pci_find(uint16_t vendor, uint16_t device, struct pci_addr *out);

@@ -1,11 +1,15 @@
-/* Boot-time platform bring-up, panic/exit, command line, memory arena. */
+/*
+ * Boot and the platform's services: the PVH start info, the command line, the
+ * arena, panic and exit. Boot ends by calling the application's main() in
+ * ring 3 (main.c), whose return value leaves QEMU; nothing here knows what the
+ * application is.
+ */
 #include <stdint.h>
 #include <string.h>
 #include "platform.h"
+#include "boot.h"
 #include "serial.h"
 #include "io.h"
-#include "net.h"
-#include "http.h"
 
 #define HVM_START_MAGIC 0x336ec578u
 #define DEBUG_EXIT_PORT 0xf4
@@ -31,7 +35,7 @@ struct hvm_memmap_entry {
     uint32_t reserved;
 };
 
-/* Embedded site blob (objcopy -I binary, see Makefile). */
+/* Embedded site blob (.incbin, see the Makefile). */
 extern const uint8_t platform_site_start[];
 extern const uint8_t platform_site_end[];
 
@@ -47,7 +51,8 @@ static int in_panic;
 static int verbose;
 static uint32_t boot_info_paddr;
 
-void platform_exit(uint8_t code)
+/* isa-debug-exit: QEMU exits with status (code << 1) | 1. */
+static void __attribute__((noreturn)) exit_qemu(uint8_t code)
 {
     outl(DEBUG_EXIT_PORT, code);
     /* No isa-debug-exit device: stop here (we may be in ring 3: no hlt). */
@@ -66,9 +71,8 @@ void platform_panic(const char *file, int line, const char *fmt, ...)
         va_end(ap);
         platform_printf("PANIC at %s:%d: %s\n", file, line, buf);
     }
-    platform_exit(0x7f);
+    exit_qemu(0x7f);
 }
-
 
 int platform_verbose(void)
 {
@@ -90,12 +94,13 @@ void *platform_arena_alloc(size_t size, size_t align)
     return arena + off;
 }
 
-size_t platform_arena_used(void)
+const uint8_t *platform_site(size_t *len)
 {
-    return arena_used;
+    *len = (size_t)(platform_site_end - platform_site_start);
+    return platform_site_start;
 }
 
-static int cmdline_has(const char *word)
+int platform_cmdline_has(const char *word)
 {
     size_t n = strlen(word);
     for (const char *p = cmdline; *p; p++) {
@@ -120,13 +125,13 @@ static void parse_start_info(uint32_t paddr)
             if (e[i].type == 1)
                 ram += e[i].size;
     }
-    verbose = cmdline_has("orisha.verbose");
+    verbose = platform_cmdline_has("orisha.verbose");
     if (verbose)
         platform_printf("orisha: pvh boot, %u MiB RAM, cmdline \"%s\"\n",
                         (unsigned)(ram >> 20), cmdline);
 }
 
-static void main_ring3(void) __attribute__((noreturn));
+static void start_app(void) __attribute__((noreturn));
 
 /* Entered from boot.S in ring 0, long mode, identity mapped. */
 void platform_main(uint32_t start_info_paddr)
@@ -135,27 +140,19 @@ void platform_main(uint32_t start_info_paddr)
     platform_cpu_init();
     platform_clock_init(); /* may program kvmclock MSRs: ring 0 only */
     boot_info_paddr = start_info_paddr;
-    platform_run_in_ring3(main_ring3);
+    platform_run_in_ring3(start_app);
 }
 
-static void main_ring3(void)
+static void start_app(void)
 {
     parse_start_info(boot_info_paddr);
-    size_t site_len = (size_t)(platform_site_end - platform_site_start);
-
-    /* Serial output costs a VM exit per byte on some hosts (~3 ms a line),
-     * so the default boot log is two lines; orisha.verbose adds details. */
-    net_init();                 /* starts DHCP */
-    platform_wallclock_init();  /* CMOS reads overlap the DHCP round trips */
+    /* Before main: it seeds platform_random (DHCP's transaction id). Under KVM
+     * it reads kvmclock, elsewhere a few CMOS ports: no cost worth overlapping. */
+    platform_wallclock_init();
     if (verbose)
         platform_printf("orisha: clock %s %lu kHz, unix time %lu, site %zu bytes\n",
                         platform_clock_source(), (unsigned long)(platform_tsc_hz() / 1000),
-                        (unsigned long)platform_unix_time(), site_len);
-    http_init(platform_site_start, site_len);
-    net_wait_for_address();     /* logs the DHCP address */
-    platform_printf("orisha: serving http on port 80, site %zu bytes, boot %u ms\n",
-                    site_len, platform_now_ms());
-    if (cmdline_has("orisha.exit=ready"))
-        platform_exit(0);
-    net_run();
+                        (unsigned long)platform_unix_time(),
+                        (size_t)(platform_site_end - platform_site_start));
+    exit_qemu((uint8_t)main());
 }

@@ -1,49 +1,53 @@
-/* Platform services: boot info, logging, panic/assert, arena, clocks, exit. */
+/*
+ * The platform's interface to the application (Solo5's shape). platform.c
+ * boots the machine (PVH entry, CPU tables, clocks, ring 3) and then calls the
+ * application's main(); from then on the application calls the platform, never
+ * the other way round. Declarations the platform's own files share are in
+ * boot.h.
+ */
 #ifndef ORISHA_PLATFORM_H
 #define ORISHA_PLATFORM_H
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
+/* The application (main.c). Its return value leaves QEMU through
+ * isa-debug-exit: the host sees status (value << 1) | 1. */
+int main(void);
+
 #define PANIC(...) platform_panic(__FILE__, __LINE__, __VA_ARGS__)
 /* Always on, in every build. */
 #define ASSERT(c) \
     do { if (__builtin_expect(!(c), 0)) PANIC("assertion failed: %s", #c); } while (0)
 
-void platform_main(uint32_t start_info_paddr) __attribute__((noreturn));
+/* Logs the message and leaves QEMU with status 255. */
 void platform_panic(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
-/* Leave QEMU via isa-debug-exit: host exit status is (code << 1) | 1. */
-void platform_exit(uint8_t code) __attribute__((noreturn));
 
+/* Console (serial) output; every line starts with "[seconds.millis] ". */
 void platform_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap);
 int platform_snprintf(char *buf, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Console input: the next byte, or -1 if none is waiting. A port read (a VM
+ * exit) per call, so poll it every few tens of milliseconds, not per pass. */
+int platform_console_getc(void);
 
-/* cpu.c: IDT (exceptions PANIC) + TSS; then continue fn() in ring 3, IOPL 3. */
-void platform_cpu_init(void);
-void platform_run_in_ring3(void (*fn)(void)) __attribute__((noreturn));
-
-/* Kernel command line ("" if none). Options: orisha.verbose (more boot log),
- * orisha.exit=ready (leave QEMU once serving; for boot-time measurements). */
+/* Kernel command line ("" if none). orisha.verbose: more boot log. */
 const char *platform_cmdline(void);
+int platform_cmdline_has(const char *word);
 int platform_verbose(void);
+
+/* The site image linked into the kernel (see the Makefile). */
+const uint8_t *platform_site(size_t *len);
 
 /* Bump allocator over a fixed bss arena; never freed. align: power of 2. */
 void *platform_arena_alloc(size_t size, size_t align);
-size_t platform_arena_used(void);
 
-/* Clocks (clock.c). clock_init may touch MSRs (ring 0); wallclock_init reads
- * the CMOS RTC (any ring). */
-void platform_clock_init(void);
-void platform_wallclock_init(void);
-void platform_wallclock_poll(void);    /* from the main loop: finds the RTC's second edge */
-uint64_t platform_tsc_hz(void);
+/* Clocks (clock.c). */
 uint64_t platform_now_ns(void);        /* monotonic since boot */
 uint32_t platform_now_ms(void);
-uint64_t platform_unix_time(void);     /* wall clock, seconds (CMOS RTC) */
-const char *platform_clock_source(void);
+uint64_t platform_unix_time(void);     /* wall clock, seconds */
+void platform_wallclock_poll(void);    /* from the main loop: finds the RTC's second edge */
 uint32_t platform_random(void);
 
 #endif

@@ -1,7 +1,11 @@
+/* COM1 16550 UART: the console. Output is the log; input carries the host's
+ * commands (`orisha boot` writes them to QEMU's stdin, see main.c). */
 #include "serial.h"
+#include "platform.h"
 #include "io.h"
 
 #define COM1 0x3f8
+#define LSR_DATA_READY 0x01
 
 void serial_init(void)
 {
@@ -40,4 +44,11 @@ void serial_write(const char *s, size_t n)
     }
     if (len)
         serial_out(buf, len);
+}
+
+int platform_console_getc(void)
+{
+    if (!(inb(COM1 + 5) & LSR_DATA_READY))
+        return -1;
+    return inb(COM1);
 }

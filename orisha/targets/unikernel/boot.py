@@ -1,12 +1,25 @@
 """Booting a unikernel build under QEMU: ``orisha boot OUT``.
 
 Strategy: one QEMU process per boot (microvm, the kernel as ``-kernel``, user
-networking forwarding HOST:PORT to guest port 80). The serial console is the
-kernel's log: it is streamed to stderr, and its ``serving`` line is the signal
-that the site is up, after which the start-up line goes to stdout in the same
-form ``orisha serve`` prints. SIGTERM/SIGINT stop QEMU and exit 0; a kernel
-that stops by itself (a PANIC, a bad image) is an error with its log shown.
-Limits travel on the kernel command line (``orisha.idle_timeout=3`` …).
+networking forwarding HOST:PORT to guest port 80); ``qemu_command`` is the one
+place its command line is written (``unikernel/run.sh`` prints it with
+``python3 -m orisha.targets.unikernel.boot --print-command``). The serial
+console is the kernel's log: it is streamed to stderr, and its ``serving`` line
+is the signal that the site is up, after which the start-up line goes to stdout
+in the same form ``orisha serve`` prints. Limits travel on the kernel command
+line (``orisha.idle_timeout=3`` …).
+
+Stopping: SIGTERM/SIGINT write ``stop`` to the guest's console (QEMU's stdin);
+the kernel stops accepting and ends each connection after its current response
+(unikernel/src/main.c). QEMU's user networking acknowledges bytes before it has
+passed them to the host's sockets, so the guest cannot tell when its bytes have
+left QEMU; this side can: once the guest has logged ``drained`` and none of
+QEMU's forwarded sockets still carries an open stream, or when ``grace`` seconds
+are up, it writes ``exit`` and the kernel leaves QEMU through isa-debug-exit;
+exit status 0. A second signal skips the wait. A kernel that stops by itself (a
+PANIC, a bad image) is an error with its log shown. QEMU never outlives this
+process (PR_SET_PDEATHSIG) and sits in its own process group, so a terminal's
+Ctrl-C reaches this process alone and is drained like SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ from ...core.policy import Limits
 from ...errors import BootError
 
 BOOT_TIMEOUT = 60.0  # seconds from QEMU start to the serving line (TCG on a loaded host is slow)
+EXIT_TIMEOUT = 5.0   # seconds QEMU may take to leave after ``exit`` before it is killed
+MACHINES = ("microvm", "pc", "q35")
 
 
 def _manifest(out: str) -> dict:
@@ -91,35 +106,203 @@ def cmdline(limits: Limits) -> str:
     return " ".join(parts)
 
 
-def qemu_command(image: str, host: str, port: int, accel: str, memory: int, append: str) -> list[str]:
+def qemu_command(image: str, host: str, port: int, accel: str, memory: int, append: str,
+                 machine: str = "microvm") -> list[str]:
+    """The QEMU command line, the only copy: microvm with virtio-mmio (what ``orisha boot``
+    runs), or pc/q35 with a transitional virtio-net-pci (the driver's PCI path)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise BootError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
     cpu = ["-accel", "kvm", "-cpu", "host,-arch-capabilities"] if accel == "kvm" else \
         ["-accel", "tcg", "-cpu", "max"]
-    cmd = [qemu, "-machine", "microvm,acpi=off,x-option-roms=off,pic=off,rtc=on,isa-serial=on",
-           *cpu, "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
+    if machine == "microvm":
+        mach = ["-machine", "microvm,acpi=off,x-option-roms=off,pic=off,rtc=on,isa-serial=on"]
+        nic = "virtio-net-device,netdev=n0"
+    elif machine in MACHINES:
+        mach = ["-machine", machine]
+        nic = "virtio-net-pci,netdev=n0,disable-legacy=off,disable-modern=on"
+    else:
+        raise BootError(f"machine {machine!r}: choose one of {', '.join(MACHINES)}")
+    cmd = [qemu, *mach, *cpu, "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
            "-serial", "stdio", "-no-reboot", "-kernel", image,
            "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:80",
-           "-device", "virtio-net-device,netdev=n0",
+           "-device", nic,
            "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]
     if append:
         cmd += ["-append", append]
     return cmd
 
 
-def _die_with_parent() -> None:
-    """In the QEMU child: be killed if orisha dies, so no VM outlives its command."""
+def _detach_and_die_with(parent: int) -> None:
+    """In the QEMU child: a process group of its own (a terminal's Ctrl-C goes to
+    orisha alone, which drains), and killed if orisha dies, so no VM outlives it."""
+    os.setpgid(0, 0)
     try:
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the signal handlers still stop QEMU
-        pass
+        return
+    if os.getppid() != parent:  # orisha died before prctl took effect
+        os._exit(1)
+
+
+# /proc/net/tcp states of a stream QEMU still carries: SYN_RECV, ESTABLISHED, CLOSE_WAIT.
+# Once the guest has closed a connection and QEMU has written everything it acknowledged
+# to the host socket, QEMU shuts that socket's sending side (FIN_WAIT*, LAST_ACK, gone).
+_OPEN_STATES = {"01", "03", "08"}
+
+
+def _socket_inodes(pid: int) -> set[str] | None:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # the process is gone, or no /proc
+        return None
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes
+
+
+def forwarding(pid: int) -> bool:
+    """Whether QEMU (process ``pid``) holds a TCP socket with a stream still open
+    towards its client. False where /proc cannot tell (not Linux)."""
+    inodes = _socket_inodes(pid)
+    if not inodes:
+        return False
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:  # no IPv6 in this kernel
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] in _OPEN_STATES and fields[9] in inodes:
+                return True
+    return False
+
+
+class _Vm:
+    """A running QEMU: its serial log (streamed to ``log``), QEMU's own messages, and
+    the moments the kernel reported (``serving``, ``drained``)."""
+
+    def __init__(self, cmd: list[str], log) -> None:
+        self.log = log
+        self.serial: list[str] = []
+        self.errors: list[str] = []
+        self.serving = threading.Event()
+        self.drained = threading.Event()
+        parent = os.getpid()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE,
+                                     preexec_fn=lambda: _detach_and_die_with(parent))
+        self.threads = [threading.Thread(target=self._pump_serial, daemon=True),
+                        threading.Thread(target=self._pump_stderr, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _pump_serial(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.serial.append(line)
+            print(line, file=self.log, flush=True)  # the serial log, streamed as it comes
+            if "orisha: serving" in line:
+                self.serving.set()
+            elif "orisha: drained" in line:
+                self.drained.set()
+        self.serving.set()  # EOF: QEMU is gone; wake the waiters
+        self.drained.set()
+
+    def _pump_stderr(self) -> None:
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.errors.append(line)
+            print(f"qemu: {line}", file=self.log, flush=True)
+
+    def command(self, word: str) -> None:
+        """A line on the guest's console (see unikernel/src/main.c)."""
+        try:
+            self.proc.stdin.write(word.encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # QEMU is gone; the caller sees its exit status
+            pass
+
+    def panic(self) -> str | None:
+        return next((s for s in self.serial if "PANIC" in s), None)
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(2)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def fail(self, why: str) -> None:
+        self.kill()
+        self.join()
+        if not self.serial:
+            print("orisha: the serial log is empty", file=self.log, flush=True)
+        raise BootError(why)
+
+
+def _wait_serving(vm: _Vm, stop: threading.Event, started: float) -> None:
+    """Until the kernel logs its serving line; a failed boot raises with the reason."""
+    while not vm.serving.wait(0.1):
+        if stop.is_set():
+            vm.fail("interrupted before the kernel was serving")
+        if time.monotonic() - started > BOOT_TIMEOUT:
+            vm.fail(f"no 'serving' line on the serial console within {BOOT_TIMEOUT:.0f} s")
+    if vm.proc.poll() is not None or not any("orisha: serving" in s for s in vm.serial):
+        vm.proc.wait()
+        vm.join()
+        panic = vm.panic()
+        qerr = next((e for e in vm.errors if e), None)
+        vm.fail("the kernel stopped during boot" + (f": PANIC{panic.split('PANIC', 1)[1]}"
+                                                    if panic else f": {qerr}" if qerr
+                                                    else f" (QEMU exit status {vm.proc.returncode})"))
+
+
+def _serve_until_stopped(vm: _Vm, stop: threading.Event) -> None:
+    """Until a signal; a kernel that stops by itself raises."""
+    while not stop.wait(0.2):
+        if vm.proc.poll() is not None:
+            vm.join()
+            panic = vm.panic()
+            raise BootError(f"the kernel stopped (QEMU exit status {vm.proc.returncode})"
+                            + (f": {panic.strip()}" if panic else ""))
+
+
+def _drain(vm: _Vm, grace: float, force: threading.Event) -> None:
+    """Stop the guest gracefully (see the module docstring); at most ``grace`` seconds,
+    less if a second signal comes."""
+    deadline = time.monotonic() + grace
+    vm.command("stop")
+    while not force.wait(0.05) and time.monotonic() < deadline and vm.proc.poll() is None:
+        if vm.drained.is_set() and not forwarding(vm.proc.pid):
+            break
+    vm.command("exit")
+    try:
+        vm.proc.wait(EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        vm.kill()
+    vm.join()
+    if vm.proc.returncode not in (1, -signal.SIGKILL):  # 1: the guest's exit(0) (isa-debug-exit)
+        panic = vm.panic()
+        raise BootError(f"the kernel stopped (QEMU exit status {vm.proc.returncode})"
+                        + (f": {panic.strip()}" if panic else ""))
 
 
 def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto",
          memory: int | None = None, limits: Limits | None = None, announce=print,
          log=sys.stderr) -> int:
+    limits = limits or Limits()
     manifest = _manifest(out)
     image = os.path.join(out, manifest["image"])
     if not os.path.isfile(image):
@@ -128,84 +311,56 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     memory = memory or guest_megabytes(image)
     if port == 0:
         port = free_port(host)
-    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits or Limits()))
+    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits))
 
-    stop = threading.Event()
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(*_) -> None:  # the first signal drains, a second one skips the wait
+        (force if stop.is_set() else stop).set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
-    serial: list[str] = []
-    serving = threading.Event()
-
-    def pump_serial() -> None:
-        for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            serial.append(line)
-            print(line, file=log, flush=True)  # the serial log, streamed as it comes
-            if "orisha: serving" in line:
-                serving.set()
-        serving.set()  # EOF: QEMU is gone; wake the waiter
-
-    errors: list[str] = []
-
-    def pump_stderr() -> None:
-        for raw in proc.stderr:
-            line = raw.decode("utf-8", "replace").rstrip()
-            errors.append(line)
-            print(f"qemu: {line}", file=log, flush=True)
-
-    threads = [threading.Thread(target=pump_serial, daemon=True),
-               threading.Thread(target=pump_stderr, daemon=True)]
-    for t in threads:
-        t.start()
-
-    def fail(why: str) -> None:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for t in threads:
-            t.join(2)
-        if not serial:
-            print("orisha: the serial log is empty", file=log, flush=True)
-        raise BootError(why)
-
+    vm = _Vm(cmd, log)
     try:
-        while not serving.wait(0.1):
-            if stop.is_set():
-                fail("interrupted before the kernel was serving")
-            if time.monotonic() - started > BOOT_TIMEOUT:
-                fail(f"no 'serving' line on the serial console within {BOOT_TIMEOUT:.0f} s")
-        if proc.poll() is not None or not any("orisha: serving" in s for s in serial):
-            proc.wait()
-            threads[0].join(2)
-            threads[1].join(2)
-            panic = next((s for s in serial if "PANIC" in s), None)
-            qerr = next((e for e in errors if e), None)
-            fail("the kernel stopped during boot" + (f": PANIC{panic.split('PANIC', 1)[1]}"
-                                                     if panic else f": {qerr}" if qerr
-                                                     else f" (QEMU exit status {proc.returncode})"))
+        _wait_serving(vm, stop, started)
         ms = (time.monotonic() - started) * 1000
         announce(f"orisha: serving http://{host}:{port}/ (loop unikernel, 1 worker, pid {os.getpid()}): "
                  f"{manifest.get('summary', '')}")
         sys.stdout.flush()
         print(f"orisha: booted {image} in {ms:.0f} ms ({accel}, {memory} MiB)", file=log, flush=True)
-        while not stop.wait(0.2):
-            if proc.poll() is not None:
-                threads[0].join(2)
-                panic = next((s for s in serial if "PANIC" in s), None)
-                raise BootError(f"the kernel stopped (QEMU exit status {proc.returncode})"
-                                + (f": {panic.strip()}" if panic else ""))
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _serve_until_stopped(vm, stop)
+        _drain(vm, limits.grace, force)
         return 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        vm.kill()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m orisha.targets.unikernel.boot --print-command IMAGE PORT``: the
+    QEMU command line for an image file, shell-quoted (unikernel/run.sh runs it)."""
+    import argparse
+    import shlex
+    ap = argparse.ArgumentParser(prog="python3 -m orisha.targets.unikernel.boot")
+    ap.add_argument("--print-command", action="store_true", required=True)
+    ap.add_argument("image")
+    ap.add_argument("port", type=int)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
+    ap.add_argument("--machine", choices=MACHINES, default="microvm")
+    ap.add_argument("--memory", type=int, metavar="MB", help="default: image size + 16 MiB, at least 64")
+    ap.add_argument("--append", default="", help="kernel command line")
+    a = ap.parse_args(argv)
+    try:
+        cmd = qemu_command(a.image, a.host, a.port, resolve_accel(a.accel),
+                           a.memory or guest_megabytes(a.image), a.append, a.machine)
+    except (BootError, OSError) as e:
+        print(f"orisha: error: {e}", file=sys.stderr)
+        return 1
+    print(shlex.join(cmd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

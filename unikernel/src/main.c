@@ -1,0 +1,116 @@
+/*
+ * The application: starts the subsystems on the platform (platform.h) and
+ * runs the polling loop. Solo5's shape: the platform boots and calls main();
+ * net.c (lwIP over virtio-net) and http.c (the request core over lwIP) are
+ * started from here and only ever call down into the platform.
+ *
+ * The host talks to the guest over the serial console (`orisha boot` writes
+ * to QEMU's stdin, orisha/targets/unikernel/boot.py): "stop" asks for a
+ * graceful stop (no new connections, open ones end after their current
+ * response; "orisha: drained" is logged once nothing is left unacknowledged),
+ * "exit" leaves QEMU now. The host decides when to send "exit": once QEMU's
+ * user networking has passed every byte on, or when its grace time is up.
+ */
+#include <stdint.h>
+#include <string.h>
+#include "platform.h"
+#include "net.h"
+#include "http.h"
+#include "io.h"
+
+#define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
+#define STATS_MS 10000       /* orisha.verbose: net counters this often */
+#define DHCP_WARN_MS 5000
+
+enum command { NONE, STOP, EXIT };
+
+/* One pass of the loop: the network, and the RTC edge the wall clock waits for. */
+static void step(void)
+{
+    if (!net_poll())
+        cpu_relax();
+    platform_wallclock_poll();
+}
+
+static void wait_for_address(void)
+{
+    uint32_t warned = 0;
+    while (!net_has_address()) {
+        step();
+        uint32_t now = platform_now_ms();
+        if (now / DHCP_WARN_MS > warned) {
+            warned = now / DHCP_WARN_MS;
+            platform_printf("orisha: still waiting for DHCP (%u s)\n", now / 1000);
+        }
+    }
+}
+
+/* The next complete command line on the console, if any ("stop", "exit"). */
+static enum command console_command(void)
+{
+    static char line[16];
+    static size_t len;
+    int ch;
+    while ((ch = platform_console_getc()) >= 0) {
+        if (ch != '\n' && ch != '\r') {
+            if (len < sizeof line)
+                line[len++] = (char)ch;
+            continue;
+        }
+        size_t n = len;
+        len = 0;
+        if (n == 4 && memcmp(line, "stop", 4) == 0)
+            return STOP;
+        if (n == 4 && memcmp(line, "exit", 4) == 0)
+            return EXIT;
+        if (n)
+            platform_printf("orisha: unknown console command (%zu bytes)\n", n);
+    }
+    return NONE;
+}
+
+static void serve(void)
+{
+    uint32_t next_console = platform_now_ms(), next_stats = next_console + STATS_MS;
+    int stopping = 0, drained = 0;
+    for (;;) {
+        step();
+        uint32_t now = platform_now_ms();
+        if ((int32_t)(now - next_console) >= 0) {
+            next_console = now + CONSOLE_POLL_MS;
+            enum command cmd = console_command();
+            if (cmd == EXIT)
+                return;
+            if (cmd == STOP && !stopping) {
+                stopping = 1;
+                platform_printf("orisha: stopping: no new connections, finishing responses\n");
+                http_stop();
+            }
+        }
+        if (stopping && !drained && !http_busy()) {
+            drained = 1;
+            platform_printf("orisha: drained\n");
+        }
+        if (platform_verbose() && (int32_t)(now - next_stats) >= 0) {
+            net_log_stats();
+            next_stats += STATS_MS;
+        }
+    }
+}
+
+int main(void)
+{
+    size_t site_len;
+    const uint8_t *site = platform_site(&site_len);
+    /* Serial output costs a VM exit per byte on some hosts (~3 ms a line),
+     * so the default boot log is two lines; orisha.verbose adds details. */
+    net_init(); /* starts DHCP */
+    http_init(site, site_len);
+    wait_for_address(); /* net.c logs the address */
+    platform_printf("orisha: serving http on port 80, site %zu bytes, boot %u ms\n",
+                    site_len, platform_now_ms());
+    if (platform_cmdline_has("orisha.exit=ready"))
+        return 0; /* boot-time measurements */
+    serve();
+    return 0;
+}
