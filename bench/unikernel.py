@@ -75,8 +75,9 @@ def main() -> None:
     def start(cmd, ns=False):
         if ns:
             cmd = ["ip", "netns", "exec", NS, *cmd]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             start_new_session=True, cwd=ROOT)
+        # stdin: QEMU's serial input is the guest's console (a stray "stop" would drain it)
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, start_new_session=True, cwd=ROOT)
         procs.append(p)
         return p
 
@@ -114,6 +115,7 @@ def main() -> None:
         start(["dnsmasq", "--no-daemon", "--port=0", f"--interface={TAP}", "--bind-interfaces",
                "--dhcp-range=10.77.0.10,10.77.0.10,1h", f"--dhcp-leasefile={leases}"], ns=True)
         image = os.path.join(img, "orisha.img")
+        # orisha boot's command line (the one copy), its user networking swapped for the tap
         cmd = qemu_command(image, "127.0.0.1", 0, resolve_accel("auto"), guest_megabytes(image), "")
         cmd[cmd.index("-netdev") + 1] = f"tap,id=n0,ifname={TAP},script=no,downscript=no"
         vm = start(cmd, ns=True)

@@ -1,13 +1,25 @@
 #!/usr/bin/env python3
 """Measure QEMU start -> first complete HTTP response, wall clock.
 
-usage: tools/boottime.py IMAGE [--runs N] [--port P] (env ACCEL/MACHINE as run.sh)
+usage: tools/boottime.py IMAGE [--runs N] [--port P] (env ACCEL/MACHINE/MEM as run.sh)
 Each attempt opens a fresh connection with a short timeout, sends a GET and
 waits for a full response head; retries until one arrives (max 30 s).
+QEMU is started directly with orisha boot's command line (boot.qemu_command),
+so the figure holds no Python start-up.
 """
 import argparse, os, signal, socket, statistics, subprocess, sys, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+from orisha.targets.unikernel.boot import guest_megabytes, qemu_command, resolve_accel  # noqa: E402
+
+
+def command(image, port):
+    """What unikernel/run.sh runs, from the same environment variables."""
+    mem = os.environ.get("MEM", "").rstrip("M")
+    return qemu_command(image, "127.0.0.1", port, resolve_accel(os.environ.get("ACCEL", "auto")),
+                        int(mem) if mem else guest_megabytes(image), os.environ.get("APPEND", ""),
+                        os.environ.get("MACHINE", "microvm"))
 
 def attempt(port, timeout):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -25,10 +37,10 @@ def attempt(port, timeout):
         s.close()
 
 def one(image, port):
+    cmd = command(image, port)
     t0 = time.monotonic()
-    p = subprocess.Popen([os.path.join(HERE, "..", "run.sh"), image, str(port)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         start_new_session=True)
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
     marks = {}
     def reader():
         for line in p.stdout:
