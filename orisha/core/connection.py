@@ -91,8 +91,12 @@ class App:
     which every loop body calls about once a second.
     """
 
-    def __init__(self, site: Site, limits: Limits | None = None, publish=None, log=None) -> None:
+    def __init__(self, site: Site, limits: Limits | None = None, publish=None, log=None,
+                 protocols=None) -> None:
         self.site = site
+        # ``protocols``: what a connection speaks besides plain HTTP/1.1 — TLS, HTTP/2
+        # (orisha/protocols/, chosen once at start-up); it makes each new connection.
+        self.protocols = protocols
         self.routes = site.routes
         self.limits = limits or Limits()
         self.open = 0
@@ -140,9 +144,12 @@ class App:
         return plan
 
     def connect(self, now: float, peer: str = "-") -> "Connection":
-        conn = Connection(self, now, peer)
         self.stats[Stat.CONNECTIONS] += 1
-        if self.open > self.limits.connections:
+        refuse = self.open >= self.limits.connections  # this one would be over the limit: 503
+        if self.protocols is not None:  # it answers the 503 in the connection's protocol
+            return self.protocols.connect(self, now, peer, refuse)
+        conn = Connection(self, now, peer)
+        if refuse:
             conn._error(503, now)
         return conn
 
@@ -341,6 +348,9 @@ def _log_line(peer: str, now: float, head: bytes, status: int, size: int) -> byt
     d = format_http_date(int(now))  # b'Sun, 06 Nov 1994 08:49:37 GMT'
     stamp = b"%s/%s/%s:%s +0000" % (d[5:7], d[8:11], d[12:16], d[17:25])
     return b'%s - - [%s] "%s" %d %d\n' % (peer.encode(), stamp, line, status, size)
+
+
+log_line = _log_line  # public for the other protocol layers (orisha/protocols/h2.py)
 
 
 def _tokens(value: bytes | None) -> set[bytes]:

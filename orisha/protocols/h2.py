@@ -1,0 +1,635 @@
+"""HTTP/2 (RFC 9113) in front of the HTTP/1.1 core's decisions.
+
+Strategy: a compact frame layer, sans-I/O, with the loop-body contract of
+``orisha/loops/base.py`` (``receive``, ``outgoing``, ``sent``, ``tick``…). It
+decides nothing about HTTP: each request's pseudo-header and regular fields
+become a synthetic HTTP/1.1 head, and ``App.plan`` — the same ``answer()`` and
+the same memo as HTTP/1.1 — returns the Plan; negotiation, conditionals,
+ranges, routing and limits are therefore one code for both protocols. A Plan
+maps to a HEADERS frame (the head's HPACK block, memoised per head, see
+``hpack_blocks.py``, plus one Date literal per second) and DATA frames that
+are memoryview slices of the build's blob: a response is still a lookup and
+a write, never a copy.
+
+Why not the ``h2`` library: it encodes every header block itself (there is no
+way to hand it a precomputed block) and runs a general state machine per
+frame; measured on this machine it cost ~5x the CPU per request of this layer
+(bench/h2.py). The ``hpack`` library still decodes request blocks.
+
+What the RFC asks and where it is done here: the preface and SETTINGS first
+(§3.4), flow control on both windows with SETTINGS_INITIAL_WINDOW_SIZE deltas
+(§6.9), padding (§6.1, §6.2), CONTINUATION (§6.10), stream-id rules (§5.1.1),
+the concurrency limit (§5.1.2, REFUSED_STREAM), malformed requests (§8.1.1,
+§8.2, RST_STREAM PROTOCOL_ERROR), GOAWAY on errors, graceful stop and idle.
+
+Abuse is bounded (RFC 9113 §10.5; answers are ENHANCE_YOUR_CALM unless the
+RFC names another): frames that cost work but produce no response — resets
+(CVE-2023-44487 rapid reset), PING, SETTINGS, PRIORITY, empty DATA and
+CONTINUATION, refused streams — spend a per-connection budget refilled once a
+second; a header block may span at most ``_BLOCK_FRAMES`` frames and
+``_BLOCK_MAX`` bytes (the CONTINUATION flood class, CVE-2024-27316); the HPACK
+decoder stops at a hard header-list bound (HPACK bomb: COMPRESSION_ERROR,
+since its state is then lost) and a list over ``Limits.head`` gets 431; a
+connection that makes no progress (zero window, a stalled frame) is closed
+after the send or head timeout. Input is parsed only while fewer than
+``_OUT_FRAMES`` buffers wait to be written, so PING and SETTINGS floods cannot
+grow the output: memory per connection stays one read plus bounded state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+from hpack import Decoder, HPACKError
+
+from ..core.connection import ERRORS, Close, Plan, Tail, log_line
+from ..core.dates import format_http_date
+from ..core.policy import Stat
+from .hpack_blocks import CONNECTION_FIELDS, Blocks, date_field
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
+    CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+
+
+class Error:
+    """RFC 9113 §7 error codes."""
+    NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, \
+        STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, \
+        CONNECT_ERROR, ENHANCE_YOUR_CALM, INADEQUATE_SECURITY, HTTP_1_1_REQUIRED = range(14)
+
+
+MAX_STREAMS = 100            # SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 §6.5.2 suggests ≥ 100)
+FRAME_MAX = 16384            # our SETTINGS_MAX_FRAME_SIZE: the default (§4.2), never raised
+WINDOW_MAX = (1 << 31) - 1   # §6.9.1
+_WINDOW = 65535              # the initial windows (§6.9.2) in both directions
+_OUT_HIGH = 256 * 1024       # DATA bytes queued ahead of the socket
+_OUT_FRAMES = 512            # buffers queued before input parsing waits (backpressure)
+_BLOCK_FRAMES = 32           # HEADERS + CONTINUATION frames one header block may take
+_CALM_MAX = 400              # work-without-response frames a connection may send in a burst…
+_CALM_PER_SECOND = 100       # …and per second after it
+_LINGER = 2.0                # seconds a finished connection drains input for the peer's EOF
+_BAD_NAME = re.compile(rb"[\x00-\x20A-Z:\x7f-\xff]")     # §8.2.1 (":" only as the pseudo prefix)
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
+
+
+def _frame(length: int, ftype: int, flags: int, sid: int) -> bytes:
+    """A 9-byte frame header (§4.1)."""
+    return (length << 48 | ftype << 40 | flags << 32 | sid).to_bytes(9, "big")
+
+
+_SETTINGS_ACK = _frame(0, SETTINGS, ACK, 0)
+_BLOCKS = Blocks()
+_date = [-1, b""]  # (second, HPACK date field): the one per-second part of a header block
+
+
+def _date_field(now: float) -> bytes:
+    second = int(now)
+    if second != _date[0]:
+        _date[0], _date[1] = second, date_field(format_http_date(second))
+    return _date[1]
+
+
+def _error(status: int) -> Plan:
+    head, body = ERRORS[status]
+    return Plan(head, Tail.KEEP_ALIVE, body, Close.NO, 0, status)
+
+
+class _Stream:
+    """A response whose DATA is not all queued yet (the send side of one stream)."""
+    __slots__ = ("sid", "window", "body", "pos", "parked")
+
+    def __init__(self, sid: int, window: int, body) -> None:
+        self.sid, self.window, self.body, self.pos, self.parked = sid, window, body, 0, False
+
+
+class H2Connection:
+    """One HTTP/2 connection; the loop-body contract of ``orisha/loops/base.py``.
+
+    ``preface``: False when the 24-byte client preface was already consumed
+    (h2c sniffing saw it); ``refuse``: answer every request 503 (over the
+    connection limit) and go away. The owner counts the connection in
+    ``App.open``; this object does not.
+    """
+
+    def __init__(self, app, now: float, peer: str = "-", preface: bool = True,
+                 refuse: bool = False) -> None:
+        self.app, self.peer, self.since, self.refuse = app, peer, now, refuse
+        self.buf = b""
+        self.out: list = []
+        self.out_bytes = 0
+        self.should_close = self.shut_write = self.eof = False
+        self.preface = 0 if preface else len(PREFACE)  # preface bytes seen so far
+        self.settings_seen = False
+        self.closing = False      # GOAWAY sent: no new streams
+        self.dead = False         # a connection error: input is no longer parsed
+        self.decoder = Decoder(max_header_list_size=4 * app.limits.head)
+        self.window = _WINDOW     # connection send window
+        self.initial = _WINDOW    # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self.max_frame = FRAME_MAX
+        self.recv_window, self.recv_used = _WINDOW, 0
+        self.streams: dict[int, _Stream] = {}
+        self.ready: deque[_Stream] = deque()
+        self.remote_open: set[int] = set()  # streams whose request has not ended yet
+        self.last_id = 0
+        self.hdr: list | None = None  # a header block in progress: [sid, end, frags, size, frames, kind]
+        self.calm = _CALM_MAX
+        self.out.append(_frame(12, SETTINGS, 0, 0) + (3 << 32 | MAX_STREAMS).to_bytes(6, "big")
+                        + (6 << 32 | app.limits.head).to_bytes(6, "big"))
+        self.out_bytes = len(self.out[0])
+
+    # -- the loop body's side of the contract ---------------------------------
+    @property
+    def outgoing(self) -> list:
+        return self.out
+
+    @property
+    def wants_read(self) -> bool:
+        return not self.out and not self.should_close
+
+    def receive(self, data: bytes, now: float) -> None:
+        if self.shut_write or self.dead:  # lingering: input is discarded until the peer's EOF
+            if not data:
+                self.should_close = True
+            return
+        if not data:
+            self.eof = True
+        else:
+            self.buf = self.buf + data if self.buf else data
+            self._process(now)
+        self._settle(now)
+
+    def sent(self, n: int, now: float) -> None:
+        self.since = now
+        if n >= self.out_bytes:
+            self.out.clear()
+            self.out_bytes = 0
+        else:
+            self.out_bytes -= n
+            out = self.out
+            while n:
+                size = len(out[0])
+                if n < size:
+                    out[0] = memoryview(out[0])[n:]
+                    break
+                n -= size
+                del out[0]
+        if not self.out:
+            self._pump()
+            if self.buf and not self.dead:
+                self._process(now)
+            self._settle(now)
+
+    def tick(self, now: float) -> None:
+        self.calm = min(_CALM_MAX, self.calm + _CALM_PER_SECOND)
+        limits = self.app.limits
+        waited = now - self.since
+        if self.shut_write:
+            if waited > _LINGER:
+                self.should_close = True
+        elif self.out:
+            if waited > limits.send_timeout:
+                self.should_close = True
+        elif self.streams:  # every window is zero and nothing moves (§10.5)
+            if waited > limits.send_timeout:
+                self._fail(Error.ENHANCE_YOUR_CALM)
+        elif self.buf or self.hdr is not None:  # a frame or header block that never completes
+            if waited > limits.head_timeout:
+                self._fail(Error.ENHANCE_YOUR_CALM)
+        elif waited > limits.idle_timeout:
+            self._go_away(Error.NO_ERROR)
+        self._settle(now)
+
+    def shutdown(self, now: float) -> None:
+        """Graceful stop: GOAWAY, finish the streams in flight, then close (§6.8)."""
+        if not self.closing:
+            self._go_away(Error.NO_ERROR)
+        self._settle(now)
+
+    def close(self) -> None:
+        self.streams.clear()
+        self.ready.clear()
+
+    # -- connection state ------------------------------------------------------
+    def _settle(self, now: float) -> None:
+        """Finish once nothing is left to do: our GOAWAY went out, or the peer is done."""
+        if self.out or self.should_close or self.shut_write:
+            return
+        if self.dead or ((self.closing or self.eof) and not self.streams and self.hdr is None):
+            if self.eof:
+                self.should_close = True
+            else:  # linger: shut our side, drain input until the peer's EOF (as HTTP/1.1 does)
+                self.shut_write = True
+                self.since = now
+
+    def _go_away(self, code: int) -> None:
+        if not self.closing or code:
+            self.out.append(_frame(8, GOAWAY, 0, 0) + (self.last_id << 32 | code).to_bytes(8, "big"))
+            self.out_bytes += 17
+        self.closing = True
+
+    def _fail(self, code: int) -> None:
+        """A connection error (§5.4.1): GOAWAY with ``code``, drop everything, close."""
+        if not self.dead:
+            self._go_away(code)
+            self.dead = True
+            self.buf = b""
+            self.hdr = None
+            self.streams.clear()
+            self.ready.clear()
+
+    def _reset(self, sid: int, code: int) -> None:
+        """A stream error (§5.4.2): RST_STREAM and forget the stream."""
+        self.out.append(_frame(4, RST_STREAM, 0, sid) + code.to_bytes(4, "big"))
+        self.out_bytes += 13
+        self.remote_open.discard(sid)
+        st = self.streams.pop(sid, None)
+        if st is not None and not st.parked:
+            self.ready.remove(st)
+
+    def _spend(self) -> bool:
+        """One frame of work without a response; False (and GOAWAY) when the budget is gone."""
+        self.calm -= 1
+        if self.calm < 0:
+            self._fail(Error.ENHANCE_YOUR_CALM)
+            return False
+        return True
+
+    # -- input -----------------------------------------------------------------
+    def _process(self, now: float) -> None:
+        buf = self.buf
+        pos = 0
+        if self.preface < 24:
+            n = min(24 - self.preface, len(buf))
+            if buf[:n] != PREFACE[self.preface:self.preface + n]:
+                self._fail(Error.PROTOCOL_ERROR)  # §3.4: not HTTP/2 after all
+                return
+            self.preface += n
+            pos = n
+        end_of_buf = len(buf)
+        while len(self.out) < _OUT_FRAMES and not self.dead:
+            if end_of_buf - pos < 9:
+                break
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            if length > FRAME_MAX:
+                self._fail(Error.FRAME_SIZE_ERROR)  # §4.2
+                return
+            end = pos + 9 + length
+            if end > end_of_buf:
+                break
+            ftype, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            payload = buf[pos + 9:end]
+            pos = end
+            if not self.settings_seen and ftype != SETTINGS:
+                self._fail(Error.PROTOCOL_ERROR)  # §3.4: the preface ends with SETTINGS
+                return
+            if self.hdr is not None and (ftype != CONTINUATION or sid != self.hdr[0]):
+                self._fail(Error.PROTOCOL_ERROR)  # §6.10: nothing may interleave a header block
+                return
+            handler = _HANDLERS.get(ftype)
+            if handler is None:
+                self._spend()  # §5.5: unknown types are ignored (and budgeted)
+            else:
+                handler(self, flags, sid, payload, now)
+        if not self.dead:
+            self.buf = buf[pos:] if pos else buf
+
+    def _unpad(self, flags: int, payload: bytes) -> bytes | None:
+        if flags & PADDED:
+            if not payload or payload[0] >= len(payload):
+                self._fail(Error.PROTOCOL_ERROR)  # §6.1: padding as long as the payload
+                return None
+            return payload[1:len(payload) - payload[0]]
+        return payload
+
+    def _data(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid == 0:
+            return self._fail(Error.PROTOCOL_ERROR)
+        self.recv_window -= len(payload)  # padding counts too (§6.9.1)
+        if self.recv_window < 0:
+            return self._fail(Error.FLOW_CONTROL_ERROR)
+        self.recv_used += len(payload)
+        if self.recv_used >= _WINDOW // 2:  # request bodies are discarded: give the window back
+            self.out.append(_frame(4, WINDOW_UPDATE, 0, 0) + self.recv_used.to_bytes(4, "big"))
+            self.out_bytes += 13
+            self.recv_window += self.recv_used
+            self.recv_used = 0
+        if self._unpad(flags, payload) is None:
+            return
+        if sid in self.remote_open:
+            if flags & END_STREAM:
+                self.remote_open.discard(sid)
+            elif len(payload) == 0:
+                self._spend()
+        elif sid > self.last_id:
+            self._fail(Error.PROTOCOL_ERROR)  # §5.1: DATA on an idle stream
+        else:
+            self._spend()  # a stream we closed or reset: ignored (§5.1 "closed")
+
+    def _headers(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid == 0 or sid % 2 == 0:
+            return self._fail(Error.PROTOCOL_ERROR)  # §5.1.1: clients use odd ids
+        payload = self._unpad(flags, payload)
+        if payload is None:
+            return
+        self_dependent = False
+        if flags & PRIORITY_FLAG:
+            if len(payload) < 5:
+                return self._fail(Error.FRAME_SIZE_ERROR)
+            self_dependent = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid
+            payload = payload[5:]
+        if sid in self.remote_open:
+            kind = "trailers"
+            if not flags & END_STREAM:
+                self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1: trailers end the stream
+                kind = "ignore"
+        elif sid <= self.last_id:
+            kind = "ignore"  # a stream already closed (late trailers after our reset): decoded,
+            if not self._spend():  # for the HPACK state, then dropped
+                return
+        else:
+            self.last_id = sid
+            kind = "ignore" if self.closing else "request"
+            self.since = now
+        if self_dependent:  # §5.3.1: a stream error; the block is still decoded (HPACK state)
+            self._reset(sid, Error.PROTOCOL_ERROR)
+            kind = "ignore"
+        self.hdr = [sid, flags & END_STREAM, [payload], len(payload), 1, kind]
+        if flags & END_HEADERS:
+            self._end_headers(now)
+
+    def _continuation(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        hdr = self.hdr
+        if hdr is None:
+            return self._fail(Error.PROTOCOL_ERROR)  # §6.10: only after HEADERS
+        hdr[2].append(payload)
+        hdr[3] += len(payload)
+        hdr[4] += 1
+        if hdr[4] > _BLOCK_FRAMES or hdr[3] > 2 * self.app.limits.head:
+            return self._fail(Error.ENHANCE_YOUR_CALM)  # CONTINUATION flood
+        if flags & END_HEADERS:
+            self._end_headers(now)
+        elif not payload:
+            self._spend()
+
+    def _end_headers(self, now: float) -> None:
+        sid, end, frags, size, _, kind = self.hdr
+        self.hdr = None
+        if size > 2 * self.app.limits.head:
+            return self._fail(Error.ENHANCE_YOUR_CALM)
+        try:
+            fields = self.decoder.decode(b"".join(frags), raw=True)
+        except HPACKError:  # a decoding error, a table-size violation or an HPACK bomb: the
+            return self._fail(Error.COMPRESSION_ERROR)  # shared table is now unusable (§4.3)
+        if kind == "trailers":
+            self.remote_open.discard(sid)
+        elif kind == "request":
+            if len(self.streams) >= MAX_STREAMS:
+                self._reset(sid, Error.REFUSED_STREAM)  # §5.1.2
+                self._spend()
+                return
+            if not end:
+                self.remote_open.add(sid)
+            self._request(sid, fields, now)
+
+    def _priority(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid == 0:
+            return self._fail(Error.PROTOCOL_ERROR)
+        if not self._spend():
+            return
+        if len(payload) != 5:
+            self._reset(sid, Error.FRAME_SIZE_ERROR)  # §6.3: a stream error
+        elif int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid:
+            self._reset(sid, Error.PROTOCOL_ERROR)
+
+    def _rst_stream(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid == 0 or sid > self.last_id:
+            return self._fail(Error.PROTOCOL_ERROR)  # §6.4: not on idle streams
+        if len(payload) != 4:
+            return self._fail(Error.FRAME_SIZE_ERROR)
+        if not self._spend():  # rapid reset (CVE-2023-44487) runs out of budget here
+            return
+        self.remote_open.discard(sid)
+        st = self.streams.pop(sid, None)
+        if st is not None and not st.parked:
+            self.ready.remove(st)
+
+    def _settings(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid != 0:
+            return self._fail(Error.PROTOCOL_ERROR)
+        if flags & ACK:
+            if payload:
+                self._fail(Error.FRAME_SIZE_ERROR)
+            return
+        if len(payload) % 6:
+            return self._fail(Error.FRAME_SIZE_ERROR)
+        if self.settings_seen and not self._spend():
+            return
+        self.settings_seen = True
+        for i in range(0, len(payload), 6):
+            key = int.from_bytes(payload[i:i + 2], "big")
+            value = int.from_bytes(payload[i + 2:i + 6], "big")
+            if key == 2 and value > 1:
+                return self._fail(Error.PROTOCOL_ERROR)  # ENABLE_PUSH
+            if key == 4:  # INITIAL_WINDOW_SIZE: applies to open streams as a delta (§6.9.2)
+                if value > WINDOW_MAX:
+                    return self._fail(Error.FLOW_CONTROL_ERROR)
+                delta, self.initial = value - self.initial, value
+                for st in self.streams.values():
+                    st.window += delta
+                    if st.window > WINDOW_MAX:
+                        return self._fail(Error.FLOW_CONTROL_ERROR)
+                    if st.parked and st.window > 0:
+                        st.parked = False
+                        self.ready.append(st)
+            elif key == 5:
+                if not FRAME_MAX <= value <= (1 << 24) - 1:
+                    return self._fail(Error.PROTOCOL_ERROR)
+                self.max_frame = value
+            # HEADER_TABLE_SIZE: our blocks never use the dynamic table; the rest are advisory.
+        self.out.append(_SETTINGS_ACK)
+        self.out_bytes += 9
+        self._pump()
+
+    def _push_promise(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        self._fail(Error.PROTOCOL_ERROR)  # §8.4: a client cannot push
+
+    def _ping(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid != 0:
+            return self._fail(Error.PROTOCOL_ERROR)
+        if len(payload) != 8:
+            return self._fail(Error.FRAME_SIZE_ERROR)
+        if not flags & ACK and self._spend():
+            self.out.append(_frame(8, PING, ACK, 0) + payload)
+            self.out_bytes += 17
+
+    def _goaway(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if sid != 0:
+            return self._fail(Error.PROTOCOL_ERROR)
+        self.closing = True  # the peer starts no more streams; ours finish, then we close
+
+    def _window_update(self, flags: int, sid: int, payload: bytes, now: float) -> None:
+        if len(payload) != 4:
+            return self._fail(Error.FRAME_SIZE_ERROR)
+        inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if sid == 0:
+            if inc == 0:
+                return self._fail(Error.PROTOCOL_ERROR)  # §6.9
+            self.window += inc
+            if self.window > WINDOW_MAX:
+                return self._fail(Error.FLOW_CONTROL_ERROR)
+        else:
+            st = self.streams.get(sid)
+            if st is not None:
+                if inc == 0:
+                    return self._reset(sid, Error.PROTOCOL_ERROR)
+                st.window += inc
+                if st.window > WINDOW_MAX:
+                    return self._reset(sid, Error.FLOW_CONTROL_ERROR)
+                if st.parked and st.window > 0:
+                    st.parked = False
+                    self.ready.append(st)
+            elif sid > self.last_id:
+                return self._fail(Error.PROTOCOL_ERROR)  # idle stream
+        self._pump()
+
+    # -- requests and responses ----------------------------------------------
+    def _request(self, sid: int, fields, now: float) -> None:
+        head, line = _synthetic_head(fields)
+        if head is None:
+            return self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1.1 malformed
+        app = self.app
+        if self.refuse:
+            plan = _error(503)
+        elif len(head) > app.limits.head:
+            plan = _error(431)  # RFC 9113 §10.5.1
+        else:
+            plan = app.plans.get(head)
+            if plan is None:
+                plan = app.plan(head)
+        self._respond(sid, plan, line, now)
+        if self.refuse:
+            self._go_away(Error.NO_ERROR)
+
+    def _respond(self, sid: int, plan, line: bytes, now: float) -> None:
+        head, _, body, _, _, status = plan
+        app = self.app
+        stats = app.stats
+        stats[Stat.REQUESTS] += 1
+        stats[Stat.RESPONSE_BYTES] += len(body)
+        if status >= 400:
+            stats[Stat.ERROR[status]] += 1
+        if app.log_lines is not None:
+            app.log_lines.append(log_line(self.peer, now, line, status, len(body)))
+        block = _BLOCKS.get(head) + _date_field(now)
+        flags = END_HEADERS if body else END_HEADERS | END_STREAM
+        out = self.out
+        if len(block) <= self.max_frame:
+            out.append(_frame(len(block), HEADERS, flags, sid) + block)
+        else:  # §6.10: the rest of a long block in CONTINUATION frames
+            step = self.max_frame
+            out.append(_frame(step, HEADERS, flags & END_STREAM, sid) + block[:step])
+            for i in range(step, len(block), step):
+                part = block[i:i + step]
+                last = END_HEADERS if i + step >= len(block) else 0
+                out.append(_frame(len(part), CONTINUATION, last, sid) + part)
+        self.out_bytes += len(block) + 9
+        if body:
+            st = self.streams[sid] = _Stream(sid, self.initial, memoryview(body))
+            self.ready.append(st)
+            self._pump()
+        else:
+            self._ended(sid)
+
+    def _ended(self, sid: int) -> None:
+        """Our side of ``sid`` is done; a request still sending is told to stop (§8.1)."""
+        if sid in self.remote_open:
+            self._reset(sid, Error.NO_ERROR)
+
+    def _pump(self) -> None:
+        """Queue DATA frames, round robin over ready streams, within windows and ``_OUT_HIGH``."""
+        ready, out = self.ready, self.out
+        while ready and self.window > 0 and self.out_bytes < _OUT_HIGH:
+            st = ready[0]
+            left = len(st.body) - st.pos
+            n = min(left, st.window, self.window, self.max_frame)
+            if n <= 0:
+                ready.popleft()
+                st.parked = True  # until a WINDOW_UPDATE or a SETTINGS delta opens its window
+                continue
+            pos = st.pos
+            st.pos = pos + n
+            st.window -= n
+            self.window -= n
+            done = n == left
+            out.append(_frame(n, DATA, END_STREAM if done else 0, st.sid))
+            out.append(st.body[pos:pos + n])
+            self.out_bytes += 9 + n
+            ready.popleft()
+            if done:
+                del self.streams[st.sid]
+                self._ended(st.sid)
+            else:
+                ready.append(st)
+
+
+def _synthetic_head(fields) -> tuple[bytes | None, bytes]:
+    """(the HTTP/1.1 head ``answer()`` takes, the access-log request line), or (None, b"")
+    for a malformed request (RFC 9113 §8.2, §8.3)."""
+    method = path = scheme = authority = host = None
+    lines = [b""]
+    cookies = []
+    regular = False
+    for name, value in fields:
+        if name[:1] == b":":
+            if regular:
+                return None, b""
+            if name == b":method" and method is None:
+                method = value
+            elif name == b":path" and path is None:
+                path = value
+            elif name == b":scheme" and scheme is None:
+                scheme = value
+            elif name == b":authority" and authority is None:
+                authority = value
+            else:
+                return None, b""  # unknown, repeated or a response pseudo-header
+            continue
+        regular = True
+        if not name or _BAD_NAME.search(name) or _BAD_VALUE.search(value):
+            return None, b""
+        if name in CONNECTION_FIELDS or (name == b"te" and value != b"trailers"):
+            return None, b""  # §8.2.2
+        if name == b"cookie":
+            cookies.append(value)  # §8.2.3: crumbs are joined again for HTTP/1.1
+        elif name == b"host":
+            host = value
+        else:
+            lines.append(name + b": " + value)
+    if method is None:
+        return None, b""
+    if method == b"CONNECT":
+        if path is not None or scheme is not None or authority is None:
+            return None, b""  # §8.5
+        path = authority
+    elif not path or scheme is None:
+        return None, b""
+    if cookies:
+        lines.append(b"cookie: " + b"; ".join(cookies))
+    lines[0] = b"%s %s HTTP/1.1\r\nhost: %s" % (method, path, authority if authority is not None
+                                                  else host or b"")
+    return b"\r\n".join(lines), b"%s %s HTTP/2.0" % (method, path)
+
+
+_HANDLERS = {
+    DATA: H2Connection._data, HEADERS: H2Connection._headers,
+    PRIORITY: H2Connection._priority, RST_STREAM: H2Connection._rst_stream,
+    SETTINGS: H2Connection._settings, PUSH_PROMISE: H2Connection._push_promise,
+    PING: H2Connection._ping, GOAWAY: H2Connection._goaway,
+    WINDOW_UPDATE: H2Connection._window_update, CONTINUATION: H2Connection._continuation,
+}

@@ -1,0 +1,300 @@
+"""TLS 1.3 and 1.2 as a Connection around the plaintext protocols, sans-I/O.
+
+Strategy: the stdlib's ``ssl.SSLObject`` over two ``MemoryBIO``s does the
+handshake and the records; this module only moves bytes between the loop
+body's contract (ciphertext) and an inner connection (plaintext), which is a
+``front.Sniffing`` connection: ALPN "h2" switches it to HTTP/2 (RFC 9113
+§3.2), anything else leaves it HTTP/1.1 (or h2 with prior knowledge). The loop
+bodies never learn about TLS: they read and write ciphertext as before, io_uring
+included.
+
+Output: the inner connection's buffers are encrypted as they appear, a chunk
+of up to ``_CHUNK`` bytes per ``SSLObject.write`` (small heads and bodies are
+joined so one response is one record), and reported to it as sent at once; at
+most ``_HIGH`` bytes of ciphertext wait for the socket, so a large body is
+encrypted as the client reads it, never whole. Input: plaintext is read from
+the TLS object only while the inner connection wants input — its backpressure
+reaches the socket unchanged.
+
+Ends: when the inner connection closes or lingers, a close_notify is sent
+first. A handshake must finish within ``Limits.head_timeout`` (slow or silent
+handshakes); a record left incomplete that long is dropped the same way; a
+peer's EOF without close_notify (a truncated stream, ``SSLEOFError``) is an EOF
+for the inner connection, which then answers what it has and closes; a corrupt
+record (bad MAC, overflow) closes at once after OpenSSL's alert. A plain HTTP
+request on the TLS port gets a plain 400, as nginx answers it, and a close.
+
+kTLS (``probe_ktls``): Linux can encrypt in the kernel (``OP_ENABLE_KTLS``,
+Python ≥ 3.12, OpenSSL 3 and the "tls" ULP). OpenSSL only turns it on for a
+socket BIO it owns, and here the loop bodies own the sockets and TLS runs over
+memory BIOs, so the probe states why kTLS is not in use; user-space TLS over
+memory BIOs is the path that always works, on every loop body and kernel.
+"""
+
+from __future__ import annotations
+
+import ssl
+import sys
+
+from ..core.connection import Tail
+from ..errors import ServeError
+from .front import Sniffing, to_h2
+
+_CHUNK = 64 * 1024     # plaintext per SSLObject.write (OpenSSL cuts it into 16 KiB records)
+_HIGH = 256 * 1024     # ciphertext queued ahead of the socket
+_LINGER = 2.0          # as the core: seconds a finished connection drains input
+_PLAIN_400 = b"The plain HTTP request was sent to HTTPS port\n"  # nginx's words
+ALPN = ("h2", "http/1.1")
+# RFC 9113 §9.2.2: HTTP/2 over TLS 1.2 needs ephemeral key exchange and an AEAD cipher.
+_TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
+    """A server context for CERT (PEM, chain allowed) and KEY; a bad file is a ServeError."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = VERSIONS[minimum]
+    ctx.set_ciphers(_TLS12_CIPHERS)
+    ctx.set_alpn_protocols(list(ALPN))
+    # §9.2.1: no renegotiation; compression is off by default in OpenSSL 3.
+    ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
+    ctx.num_tickets = 2  # TLS 1.3 session tickets (resumption); 1.2 tickets are on by default
+    for path, what in ((cert, "certificate"), (key, "key")):
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as e:
+            raise ServeError(f"{path}: cannot read the TLS {what} ({e.strerror})") from None
+    try:
+        ctx.load_verify_locations(cafile=cert)  # parses every certificate in the file
+    except ssl.SSLError:
+        raise ServeError(f"{cert}: not a PEM certificate (chain)") from None
+    try:
+        ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as e:
+        why = "does not match the certificate" if "MISMATCH" in str(e).upper() else \
+            "not a PEM private key (or it is encrypted)"
+        raise ServeError(f"{key}: {why} ({cert})") from None
+    return ctx
+
+
+def probe_ktls() -> str:
+    """Why the kernel does not encrypt here (see the Strategy): the reason, always given."""
+    if not hasattr(ssl, "OP_ENABLE_KTLS"):
+        return (f"kTLS off: Python {sys.version_info[0]}.{sys.version_info[1]} has no "
+                "ssl.OP_ENABLE_KTLS (3.12+)")
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_ulp") as f:
+            ulps = f.read().split()
+    except OSError:
+        return "kTLS off: no /proc/sys/net/ipv4/tcp_available_ulp (not Linux)"
+    if "tls" not in ulps:
+        return f"kTLS off: the kernel offers no 'tls' ULP (has: {' '.join(ulps) or 'none'})"
+    return "kTLS off: TLS runs over memory BIOs (OpenSSL enables kTLS on socket BIOs only)"
+
+
+class Tls:
+    """The TLS port: every connection is a ``TlsConnection`` over one shared context
+    (one set of session-ticket keys, so any worker resumes any session)."""
+
+    name = "https"
+
+    def __init__(self, ctx: ssl.SSLContext) -> None:
+        self.ctx = ctx
+
+    def connect(self, app, now: float, peer: str, refuse: bool) -> "TlsConnection":
+        return TlsConnection(app, self.ctx, now, peer, refuse)
+
+
+class TlsConnection:
+    """One TLS connection; the loop-body contract of ``orisha/loops/base.py``."""
+
+    __slots__ = ("app", "tls", "rbio", "wbio", "inner", "cipher", "cipher_bytes", "began",
+                 "since", "state", "refuse", "should_close", "shut_write", "notified")
+    HANDSHAKE, OPEN, PLAIN = 0, 1, 2
+
+    def __init__(self, app, ctx: ssl.SSLContext, now: float, peer: str, refuse: bool) -> None:
+        self.app, self.refuse = app, refuse
+        self.rbio, self.wbio = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = ctx.wrap_bio(self.rbio, self.wbio, server_side=True)
+        self.inner = Sniffing(app, now, peer)  # counted in ``app.open`` by the core
+        self.cipher: list = []
+        self.cipher_bytes = 0
+        self.began = self.since = now
+        self.state = self.HANDSHAKE
+        self.should_close = self.shut_write = self.notified = False
+
+    # -- the loop body's side of the contract ---------------------------------
+    @property
+    def outgoing(self) -> list:
+        return self.cipher
+
+    @property
+    def wants_read(self) -> bool:
+        if self.cipher or self.should_close:
+            return False
+        return self.state != self.OPEN or self.inner.wants_read
+
+    def receive(self, data: bytes, now: float) -> None:
+        if self.should_close:
+            return
+        if self.state == self.PLAIN:  # answered in plain text: drain until the peer's EOF
+            if not data:
+                self.should_close = True
+            return
+        if data:
+            if self.state == self.HANDSHAKE and not self.rbio.pending and self._plain(data, now):
+                return
+            self.rbio.write(data)
+        else:
+            self.rbio.write_eof()
+        self.since = now
+        if self.state == self.HANDSHAKE:
+            self._handshake(now)
+        if self.state == self.OPEN:
+            self._work(now)
+
+    def sent(self, n: int, now: float) -> None:
+        self.since = now
+        if n >= self.cipher_bytes:
+            self.cipher.clear()
+            self.cipher_bytes = 0
+        else:
+            self.cipher_bytes -= n
+            out = self.cipher
+            while n:
+                size = len(out[0])
+                if n < size:
+                    out[0] = memoryview(out[0])[n:]
+                    break
+                n -= size
+                del out[0]
+        if not self.cipher:
+            if self.state == self.OPEN:
+                self._work(now)
+            elif self.state == self.PLAIN:
+                self.shut_write = True
+
+    def tick(self, now: float) -> None:
+        limits = self.app.limits
+        if self.state == self.HANDSHAKE:
+            if now - self.began > limits.head_timeout:  # a slow or silent handshake
+                self.should_close = True
+        elif self.state == self.PLAIN:
+            if now - self.since > (limits.send_timeout if self.cipher else _LINGER):
+                self.should_close = True
+        else:
+            if self.rbio.pending and now - self.since > limits.head_timeout:
+                self.should_close = True  # a record that never completes
+                return
+            self.inner.tick(now)
+            self._work(now)
+
+    def shutdown(self, now: float) -> None:
+        if self.state == self.OPEN:
+            self.inner.shutdown(now)
+            self._work(now)
+        elif not self.cipher:
+            self.should_close = True
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # -- steps -----------------------------------------------------------------
+    def _plain(self, data: bytes, now: float) -> bool:
+        """A first read that is no TLS record (0x16: handshake) but an HTTP request line."""
+        if data[0] == 0x16 or not 0x41 <= data[0] <= 0x5A:  # not an uppercase method letter
+            return False
+        tails = self.app.tails(now)
+        head = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                b"Content-Length: %d\r\n" % len(_PLAIN_400))
+        self.cipher.extend((head, tails[Tail.CLOSE], _PLAIN_400))
+        self.cipher_bytes = sum(len(b) for b in self.cipher)
+        self.state = self.PLAIN
+        return True
+
+    def _flush_tls(self) -> None:
+        data = self.wbio.read()
+        if data:
+            self.cipher.append(data)
+            self.cipher_bytes += len(data)
+
+    def _handshake(self, now: float) -> None:
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:  # needs the client's next flight
+            self._flush_tls()
+            return
+        except ssl.SSLError:  # a failed handshake: OpenSSL's alert goes out, then we close
+            self._flush_tls()
+            self.state = self.PLAIN
+            self.should_close = not self.cipher
+            return
+        self._flush_tls()
+        self.state = self.OPEN
+        if self.tls.selected_alpn_protocol() == "h2":
+            to_h2(self.inner, now, refuse=self.refuse)
+        elif self.refuse:
+            self.inner.refuse(now)
+
+    def _work(self, now: float) -> None:
+        """Encrypt what the inner connection has, feed it what it wants, until neither moves."""
+        inner, tls = self.inner, self.tls
+        while True:
+            self._encrypt(now)
+            if not inner.wants_read or inner.should_close:
+                break
+            try:
+                data = tls.read(_CHUNK)
+            except ssl.SSLWantReadError:  # no complete record buffered
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or a bare EOF
+                data = b""
+            except ssl.SSLError:  # a corrupt record: OpenSSL queued its alert; nothing to save
+                self._flush_tls()
+                self.state = self.PLAIN  # the alert goes out, then input drains until EOF
+                self.should_close = not self.cipher
+                return
+            inner.receive(data, now)
+            if not data:
+                self._encrypt(now)
+                break
+        self._settle(now)
+
+    def _encrypt(self, now: float) -> None:
+        inner, tls = self.inner, self.tls
+        out = inner.outgoing
+        while out and self.cipher_bytes < _HIGH:
+            first = out[0]
+            if len(first) >= _CHUNK:
+                chunk = memoryview(first)[:_CHUNK]
+            else:
+                parts, size = [first], len(first)
+                for b in out[1:]:
+                    if size + len(b) > _CHUNK:
+                        break
+                    parts.append(b)
+                    size += len(b)
+                chunk = first if len(parts) == 1 else b"".join(parts)
+            tls.write(chunk)
+            self._flush_tls()
+            inner.sent(len(chunk), now)
+            out = inner.outgoing
+
+    def _settle(self, now: float) -> None:
+        """The inner connection is done: close_notify, then close or linger once it is out."""
+        inner = self.inner
+        if inner.outgoing or not (inner.should_close or inner.shut_write):
+            return
+        if not self.notified:
+            self.notified = True
+            try:
+                self.tls.unwrap()  # queues close_notify (RFC 8446 §6.1)
+            except (ssl.SSLWantReadError, ssl.SSLError):  # the peer's close_notify is not awaited
+                pass
+            self._flush_tls()
+        if not self.cipher:
+            if inner.should_close:
+                self.should_close = True
+            else:
+                self.shut_write = True
