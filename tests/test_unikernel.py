@@ -150,6 +150,26 @@ def test_real_site_from_the_image_byte_identical_in_every_encoding(tmp_path):
 
 # -- the C core against its specification, the Python core -----------------------
 
+def test_the_c_sources_retype_no_policy(tmp_path):
+    """Methods, fields, codings, token characters and limits reach C only through the
+    generated policy.h (orisha/targets/unikernel/policy_header.py)."""
+    from orisha.core.negotiate import CODING_TOKENS
+    from orisha.core.policy import KNOWN_METHODS, LIMITS
+    from orisha.core.request import LIST_FIELDS, SINGLE_FIELDS
+    from orisha.targets.unikernel import policy_header
+    src_dir = os.path.join(ROOT, "unikernel", "src")
+    src = "".join(open(os.path.join(src_dir, n)).read() for n in sorted(os.listdir(src_dir))
+                  if n.endswith((".c", ".h")))
+    for word in (*KNOWN_METHODS, *SINGLE_FIELDS, *LIST_FIELDS, *CODING_TOKENS):
+        assert f'"{word.decode()}"' not in src, word
+    for limit in LIMITS:
+        assert f'"{limit.attr}"' not in src, limit.attr
+    assert "!#$%&'*+-.^_`|~" not in src
+    header = open(policy_header.write(str(tmp_path))).read()
+    assert "DO NOT EDIT" in header and '"if-none-match"' in header and "X(head_timeout, 10000ull, 1000)" in header
+
+
+
 def _heads(site, n: int, seed: int = 9112) -> list[bytes]:
     """Request streams mixing every feature and malformation the cores interpret."""
     import random
