@@ -16,7 +16,14 @@ COPY orisha /orisha
 # without a shell or RUN.
 COPY rootfs/ /
 ENV PORT=8080
-EXPOSE 8080
+# The admin port: /healthz, /readyz and /metrics (orisha/admin.py), answered by the supervisor.
+ENV ADMIN_PORT=9090
+EXPOSE 8080 9090
 USER 65534:65534
+# SIGTERM: stop accepting, finish in-flight responses (up to --grace), exit 0.
 STOPSIGNAL SIGTERM
+# No shell or curl in the image: the executable probes its own admin port
+# (`/orisha --health` = GET http://127.0.0.1:$ADMIN_PORT/readyz, exit 0 on a 2xx).
+# Each check starts the executable afresh (it unpacks into /tmp: about half a second).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["/orisha", "--health"]
 ENTRYPOINT ["/orisha"]

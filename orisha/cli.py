@@ -138,6 +138,17 @@ def boot(path, host, port, accel, memory, **limits) -> None:
                       limits=Limits(**limits)))
 
 
+@main.command()
+@click.argument("url")
+@click.option("--timeout", default=3.0, show_default=True, type=float, help="Seconds to wait.")
+def health(url, timeout) -> None:
+    """Exit 0 if URL answers 2xx (e.g. http://127.0.0.1:9090/readyz), else 1 and why."""
+    from .admin import check
+    ok, line = check(url, timeout)
+    click.echo(f"orisha: {line}" if ok else f"orisha: unhealthy: {line}", err=not ok)
+    sys.exit(0 if ok else 1)
+
+
 def build_into_cache(site: str, **options) -> str:
     """Build a site directory into a per-site cache folder and return it."""
     if not os.path.isdir(site):

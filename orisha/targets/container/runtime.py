@@ -98,6 +98,15 @@ def _parser():
     p.add_argument("--workers", type=int, default=int(env("WORKERS", "0")) or None,
                    help="Worker processes [$WORKERS, default one per core].")
     p.add_argument("--loop", help="Override the loop recorded in the build.")
+    p.add_argument("--admin-port", type=int, default=int(env("ADMIN_PORT", "0")) or None,
+                   help="Serve /healthz, /readyz and /metrics on this port [$ADMIN_PORT; "
+                        "the image sets 9090; off without it].")
+    p.add_argument("--admin-host", default=env("ADMIN_HOST", "0.0.0.0"),
+                   help="Address of the admin port [$ADMIN_HOST, default 0.0.0.0: the "
+                        "kubelet probes the pod's address].")
+    p.add_argument("--health", nargs="?", const="", metavar="URL",
+                   help="Probe URL (default http://127.0.0.1:$ADMIN_PORT/readyz) and exit 0 "
+                        "on a 2xx, else 1: a HEALTHCHECK for an image without a shell or curl.")
     for limit in LIMITS:
         p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
                        default=limit.default, help=f"{limit.help} [default {limit.default}]")
@@ -111,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     from ...core.policy import LIMITS, Limits
     from ...errors import OrishaError
     from ...server import run
+    if args.health is not None:
+        return health(args.health, args.admin_port)
     try:
         if args.info:
             sys.stdout.write(Embedded(executable()).manifest.decode())
@@ -122,12 +133,26 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(**{limit.attr: getattr(args, limit.attr) for limit in LIMITS})
     try:
         code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
-                   limits=limits)
+                   limits=limits, admin_port=args.admin_port, admin_host=args.admin_host)
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
     drain(args.port, limits.grace)
     return code
+
+
+def health(url: str, admin_port: int | None) -> int:
+    """``--health [URL]``: the probe ``orisha health URL`` runs, without loading the site."""
+    from ...admin import READY_PATH, check
+    if not url:
+        if not admin_port:
+            print("orisha: error: --health needs a URL or $ADMIN_PORT", file=sys.stderr)
+            return 1
+        url = f"http://127.0.0.1:{admin_port}{READY_PATH}"
+    ok, line = check(url)
+    print(f"orisha: {line}" if ok else f"orisha: unhealthy: {line}",
+          file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 # /proc/net/tcp states of a connection whose peer may still be receiving: ESTABLISHED,

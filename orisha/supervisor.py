@@ -1,0 +1,335 @@
+"""Workers and their supervisor: spawn, reap, reload, stop, answer the admin port.
+
+Strategy: the supervisor forks one worker per listener (a *generation*) and
+then only waits — for signals (through a wake-up pipe), for admin requests,
+and for the next deadline (a restart that is due, a worker past its grace).
+Each step is a method: ``_spawn_generation``, ``_reap``, ``_reload``, ``_stop``,
+``_escalate``, ``_answer_admin``. The workers run a loop body over the core
+and know nothing of this module beyond a stop flag and two shared slots.
+
+No fault may leave the service down or a process behind:
+
+- Signals at any rate: SIGHUP while older generations are still draining
+  starts another generation, up to ``MAX_DRAINING`` draining at once; beyond
+  that the reload is *deferred* (logged once) and runs as soon as one has
+  drained, so the last SIGHUP always wins. Counter slots are recycled, sized
+  for that bound, so a storm can never run out of them.
+- A worker that is told to stop gets ``grace + KILL_AFTER`` seconds, then SIGKILL
+  (stuck or not, stopping or retired by a reload).
+- A worker that dies is restarted (after ``RESTART_PAUSE`` if it died young:
+  no fork loop), without the supervisor ever sleeping: it keeps answering probes.
+- The supervisor dying for any reason (kill -9, the OOM killer, a bug) stops
+  every worker: each asks the kernel for SIGTERM on its parent's death
+  (``PR_SET_PDEATHSIG``) — its graceful stop — and checks its parent is still
+  the one that forked it, which closes the race with a death before the prctl.
+- Stop and reload signals are blocked around ``fork``: a SIGTERM sent to a
+  worker before it has installed its handler stays pending instead of being lost.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Callable
+
+from .admin import Status, answer
+from .core.connection import App
+from .core.policy import STATS_SLOTS, Limits, Stat
+from .errors import ServeError
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # graceful stop (Docker and Kubernetes send SIGTERM)
+RELOAD_SIGNAL = signal.SIGHUP
+_HANDLED = (*STOP_SIGNALS, RELOAD_SIGNAL, signal.SIGCHLD)
+KILL_AFTER = 2.0  # seconds past the stop grace before a worker that has not exited is SIGKILLed
+MAX_DRAINING = 4  # older generations that may finish their responses at once
+RESTART_PAUSE = 1.0  # a worker that died younger than this is restarted after this long
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _libc_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+_PRCTL = _libc_prctl()  # looked up once, before any fork
+
+
+class SharedStats:
+    """Counters and a started flag per worker slot, in one map shared across fork.
+
+    Each worker writes its counters once a second (``App.tick``) and sets its
+    started flag when it enters its loop body; the supervisor reads them for the
+    admin port and folds a slot into ``retired`` when its worker exits, so totals
+    survive restarts and reloads.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.fmt = struct.Struct(f"<{STATS_SLOTS}q")
+        self.started_at = slots * self.fmt.size  # then one byte per slot
+        self.map = mmap.mmap(-1, self.started_at + slots)
+        self.free = list(range(slots))
+        self.retired: dict[int, list[int]] = {}
+
+    def take(self) -> int:
+        if not self.free:  # sized for MAX_DRAINING: reaching this is a bug, not a load
+            raise RuntimeError("no free counter slot")
+        slot = self.free.pop()
+        self.fmt.pack_into(self.map, slot * self.fmt.size, *([0] * STATS_SLOTS))
+        self.map[self.started_at + slot] = 0
+        return slot
+
+    def publisher(self, slot: int) -> Callable[[list[int]], None]:
+        fmt, buf, off = self.fmt, self.map, slot * self.fmt.size
+        return lambda stats: fmt.pack_into(buf, off, *stats)
+
+    def mark_started(self, slot: int) -> None:
+        self.map[self.started_at + slot] = 1
+
+    def started(self, slot: int) -> bool:
+        return self.map[self.started_at + slot] == 1
+
+    def read(self, slot: int) -> tuple[int, ...]:
+        return self.fmt.unpack_from(self.map, slot * self.fmt.size)
+
+    def release(self, slot: int, index: int) -> None:
+        acc = self.retired.setdefault(index, [0] * STATS_SLOTS)
+        for k, v in enumerate(self.read(slot)):
+            if k != Stat.OPEN_CONNECTIONS:  # a gauge: a dead worker has none
+                acc[k] += v
+        self.free.append(slot)
+
+
+class Worker:
+    """The supervisor's record of one worker process."""
+    __slots__ = ("slot", "index", "gen", "began", "kill_at")
+
+    def __init__(self, slot: int, index: int, gen: int, began: float) -> None:
+        self.slot, self.index, self.gen, self.began = slot, index, gen, began
+        self.kill_at: float | None = None  # set when told to stop: SIGKILL after this
+
+
+def _die_with(parent: int) -> None:
+    """In a worker: SIGTERM (the graceful stop) when the supervisor dies, however it dies."""
+    if _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        import ctypes
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:  # it died between fork and the prctl: nobody will signal us
+        os.kill(os.getpid(), signal.SIGTERM)  # pending until the unblock, then our stop flag
+
+
+class Supervisor:
+    """Forks generations of workers over ``socks`` and keeps them right (see the Strategy)."""
+
+    def __init__(self, site, socks: list[socket.socket], loop_cls, limits: Limits, *,
+                 load: Callable[[], object] | None = None, log=None,
+                 admin: socket.socket | None = None, name: str = "") -> None:
+        self.site, self.socks, self.loop_cls, self.limits = site, socks, loop_cls, limits
+        self.load, self.log, self.admin, self.name = load, log, admin, name
+        self.workers = len(socks)
+        self.stats = SharedStats(self.workers * (MAX_DRAINING + 1))
+        self.live: dict[int, Worker] = {}
+        self.due: dict[int, float] = {}  # worker index → when to restart it
+        self.gen = 0
+        self.stopping = self.reload_pending = False
+        self.restarts = self.reloads = 0
+        self.pid = os.getpid()
+        self.got: list[int] = []
+        self.wake_r, self.wake_w = os.pipe()  # signals wake select through this pipe
+        os.set_blocking(self.wake_w, False)
+
+    # -- start and wait ------------------------------------------------------------
+    def start(self) -> None:
+        for sig in _HANDLED:
+            signal.signal(sig, lambda signo, _f: self.got.append(signo))
+        signal.set_wakeup_fd(self.wake_w)
+        self._spawn_generation()
+
+    def serve(self) -> int:
+        """Run until stopped and every worker has exited; returns the exit status (0)."""
+        waits = [self.wake_r] + ([self.admin] if self.admin else [])
+        while not (self.stopping and not self.live):
+            ready, _, _ = select.select(waits, [], [], self._timeout())
+            if self.wake_r in ready:
+                os.read(self.wake_r, 512)
+            if self.admin in ready:
+                self._answer_admin()
+            signals, self.got[:] = self.got[:], []
+            if any(s in STOP_SIGNALS for s in signals):
+                self._stop()
+            self._reap()
+            if RELOAD_SIGNAL in signals or self.reload_pending:
+                self._reload()
+            self._restart_due()
+            self._escalate()
+        for s in self.socks:
+            s.close()
+        return 0
+
+    def _timeout(self) -> float:
+        """Seconds until the next thing to do (a restart, a SIGKILL), at most 1."""
+        deadlines = [*self.due.values(), *(w.kill_at for w in self.live.values() if w.kill_at)]
+        return max(0.0, min([1.0] + [t - time.monotonic() for t in deadlines]))
+
+    # -- workers -------------------------------------------------------------------
+    def _spawn_generation(self) -> None:
+        gc.freeze()  # the site's objects go to a generation the collector never walks: fewer
+        self.due.clear()  # copied-on-write pages in each worker (PSS)
+        for i in range(self.workers):
+            self._spawn(i)
+
+    def _spawn(self, index: int) -> None:
+        slot = self.stats.take()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        try:
+            pid = os.fork()
+        except OSError as e:  # EAGAIN/ENOMEM: try again later rather than die
+            self.stats.release(slot, index)
+            print(f"orisha: cannot fork worker {index} ({e.strerror}); retrying", file=sys.stderr)
+            self.due[index] = time.monotonic() + RESTART_PAUSE
+            return
+        finally:
+            if os.getpid() == self.pid:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if pid == 0:
+            self._child(index, slot, old)
+        self.live[pid] = Worker(slot, index, self.gen, time.monotonic())
+
+    def _child(self, index: int, slot: int, mask) -> None:
+        """The worker process: never returns."""
+        code = 0
+        try:
+            stop: list[int] = []
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, lambda *_: stop.append(1))
+            signal.signal(RELOAD_SIGNAL, signal.SIG_IGN)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            for fd in (self.wake_r, self.wake_w):
+                os.close(fd)
+            for s in [self.admin] + self.socks:  # a dead supervisor's port must not stay held
+                if s is not None and s is not self.socks[index]:
+                    s.close()
+            _die_with(self.pid)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGTERM lands here
+            app = App(self.site, self.limits, publish=self.stats.publisher(slot), log=self.log)
+            body = self.loop_cls(self.socks[index], app)
+            self.stats.mark_started(slot)
+            body.run(lambda: bool(stop))
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def _tell_to_stop(self, pid: int) -> None:
+        w = self.live[pid]
+        if w.kill_at is None:
+            w.kill_at = time.monotonic() + self.limits.grace + KILL_AFTER
+            os.kill(pid, signal.SIGTERM)  # stop accepting, finish in-flight responses, exit
+
+    def _reap(self) -> None:
+        while self.live:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # no children left
+                self.live.clear()
+                return
+            if pid == 0:
+                return
+            w = self.live.pop(pid)
+            self.stats.release(w.slot, w.index)
+            if w.kill_at is None and not self.stopping and w.gen == self.gen:
+                code = os.waitstatus_to_exitcode(status)
+                print(f"orisha: worker {w.index} (pid {pid}) exited with {code}; restarting",
+                      file=sys.stderr)
+                now = time.monotonic()
+                self.due[w.index] = now + (RESTART_PAUSE if now - w.began < RESTART_PAUSE else 0)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for index, at in list(self.due.items()):
+            if at <= now and not self.stopping:
+                del self.due[index]
+                self.restarts += 1
+                self._spawn(index)
+
+    def _escalate(self) -> None:
+        now = time.monotonic()
+        for pid, w in self.live.items():
+            if w.kill_at is not None and now > w.kill_at:
+                os.kill(pid, signal.SIGKILL)
+                w.kill_at = float("inf")  # once
+
+    # -- signals -------------------------------------------------------------------
+    def _draining(self) -> set[int]:
+        return {w.gen for w in self.live.values() if w.gen != self.gen}
+
+    def _reload(self) -> None:
+        """SIGHUP: load the build again, start a generation on it, retire the current one."""
+        if self.stopping or self.load is None:
+            self.reload_pending = False
+            return
+        draining = len(self._draining())
+        if draining >= MAX_DRAINING:
+            if not self.reload_pending:
+                print(f"orisha: reload deferred: {draining} generations are still finishing "
+                      "their responses; it runs when one has", file=sys.stderr)
+            self.reload_pending = True
+            return
+        self.reload_pending = False
+        gc.unfreeze()  # let the previous sites (cycles through their modules) be collected
+        gc.collect()
+        try:
+            site = self.load()
+        except ServeError as e:
+            gc.freeze()
+            print(f"orisha: reload failed, still serving the previous build: {e}", file=sys.stderr)
+            return
+        self.site, old = site, [pid for pid, w in self.live.items() if w.gen == self.gen]
+        self.gen += 1
+        self.reloads += 1
+        self._spawn_generation()
+        for pid in old:
+            self._tell_to_stop(pid)
+        print(f"orisha: reloaded {self.name}: {site.summary}", file=sys.stderr)
+
+    def _stop(self) -> None:
+        """SIGTERM/SIGINT: every worker stops accepting, finishes what it has, exits."""
+        if not self.stopping:
+            self.stopping = True
+            self.due.clear()
+            for pid in list(self.live):
+                self._tell_to_stop(pid)
+
+    # -- admin port ----------------------------------------------------------------
+    def status(self) -> Status:
+        per = {i: list(v) for i, v in self.stats.retired.items()}
+        for w in self.live.values():
+            acc = per.setdefault(w.index, [0] * STATS_SLOTS)
+            for k, v in enumerate(self.stats.read(w.slot)):
+                acc[k] += v
+        current = [w for w in self.live.values() if w.gen == self.gen]
+        if self.stopping:
+            why = "stopping"
+        elif len(current) < self.workers:
+            why = "no worker"  # one died and waits for its restart
+        elif not all(self.stats.started(w.slot) for w in current):
+            why = "starting"
+        else:
+            why = ""
+        return Status(not why, why, per, self.restarts, self.reloads, len(self._draining()))
+
+    def _answer_admin(self) -> None:
+        answer(self.admin, self.status)

@@ -1,0 +1,308 @@
+"""The supervisor under faults: reload storms, stop signals, its own death, health probes.
+
+Real processes and sockets throughout. A *slow download* is a client with a
+4 KiB receive window reading pipelined copies of the 1.2 MB file at about
+1 MB/s: its responses are in flight (mostly still in the worker, not in socket
+buffers) for seconds, across whatever the test does to the server.
+No timing thresholds: only generous waits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import DEMO, LOOPS, ROOT, Server, demo_file, orisha, orisha_cmd
+from httpraw import Closed, Conn
+
+from orisha.admin import HEALTH_PATH, METRICS_PATH, READY_PATH
+from orisha.supervisor import MAX_DRAINING
+
+BIG = "/files/big.txt"
+# A stop grace far above any download here: nothing is cut short, however slow the machine.
+SLOW_LIMITS = ["--grace", "120"]
+
+
+def wait_for(pred, timeout: float = 30.0, step: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+class SlowDownload(Conn):
+    """``copies`` pipelined GETs of BIG read slowly in a thread; ``.check()`` asserts every byte."""
+
+    def __init__(self, port: int, copies: int = 4) -> None:
+        self.copies = copies
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.settimeout(60)
+        self.buf = b""
+        self.bodies: list[bytes] = []
+        self.error: BaseException | None = None
+        self.started = threading.Event()
+        self.send(f"GET {BIG} HTTP/1.1\r\nHost: t\r\n\r\n".encode() * copies)
+        self.thread = threading.Thread(target=self._read_all, daemon=True)
+        self.thread.start()
+
+    def _fill(self) -> None:
+        data = self.sock.recv(16384)
+        if not data:
+            raise Closed()
+        self.started.set()
+        self.buf += data
+        time.sleep(0.003)  # about 1 MB/s (the kernel hands over ~4 KiB per recv)
+
+    def _read_all(self) -> None:
+        try:
+            for _ in range(self.copies):
+                r = self.read()
+                self.bodies.append(r.body if r.status == 200 else b"status %d" % r.status)
+        except BaseException as e:  # reported by check()
+            self.error = e
+        finally:
+            self.started.set()
+
+    def check(self, timeout: float = 300) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "download still running"
+        assert self.error is None, repr(self.error)
+        big = demo_file(BIG[1:])
+        assert len(self.bodies) == self.copies and all(b == big for b in self.bodies)
+        self.sock.close()
+
+
+def live_processes(text: str) -> list[int]:
+    """Pids (not zombies) whose command line contains ``text``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def port_free(port: int) -> bool:
+    """True when nothing listens on ``port``: a plain bind (SO_REUSEADDR, no SO_REUSEPORT,
+    which would share a live listener's port) succeeds."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    c = Conn(port, timeout=10)
+    try:
+        r = c.request(path)
+        return r.status, r.body
+    finally:
+        c.sock.close()
+
+
+def planets(port: int) -> bytes:
+    try:
+        return get(port, "/data/planets.json")[1]
+    except OSError:
+        return b""
+
+
+@pytest.fixture
+def own_build(tmp_path):
+    """A private build of the demo site (its path marks the server's processes), plus a
+    second build with new content to swap in."""
+    site = tmp_path / "site"
+    shutil.copytree(DEMO, site)
+    out = str(tmp_path / "out")
+    assert orisha("build", str(site), "-o", out).returncode == 0
+    (site / "data" / "planets.json").write_text('["after the storm"]\n')
+    new = str(tmp_path / "new")
+    assert orisha("build", str(site), "-o", new).returncode == 0
+    return out, new
+
+
+def finish(s: Server, build: str) -> str:
+    """Stop the server (exit 0), check no process of it is left; return its stderr.
+    Whatever the outcome, nothing of it outlives the test."""
+    try:
+        assert s.stop(timeout=120) == 0
+        err = s.proc.stderr.read()
+        assert "Traceback" not in err, err
+        assert wait_for(lambda: not live_processes(build), 30), live_processes(build)
+        return err
+    finally:
+        for pid in live_processes(build):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_reload_storm_while_generations_drain(own_build, loop):
+    out, new = own_build
+    s = Server(out, "--loop", loop, "--workers", "2", *SLOW_LIMITS)
+    downloads = []
+    try:
+        # MAX_DRAINING generations, each holding one slow download, then a storm.
+        for _ in range(MAX_DRAINING):
+            d = SlowDownload(s.port, copies=10)  # ~10 s: past the storm
+            downloads.append(d)
+            assert d.started.wait(30)
+            s.proc.send_signal(signal.SIGHUP)
+            time.sleep(1.5)  # the retired workers notice on their ~1 s tick and stop accepting
+            assert s.proc.poll() is None
+        os.rename(out, out + ".old")  # the new content, swapped in whole
+        os.rename(new, out)
+        for k in range(40):
+            s.proc.send_signal(signal.SIGHUP)
+            if k == 20:
+                downloads.append(SlowDownload(s.port))
+            time.sleep(0.005)
+        # The last reload wins, once a draining generation has finished.
+        assert wait_for(lambda: planets(s.port) == b'["after the storm"]\n', 240)
+        assert s.proc.poll() is None
+        for d in downloads:
+            d.check()
+    finally:
+        err = finish(s, os.path.dirname(out))
+    assert "reload deferred" in err, err
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_any_signal_sequence_ends_in_a_clean_stop(own_build, loop):
+    out, _ = own_build
+    s = Server(out, "--loop", loop, "--workers", "2", *SLOW_LIMITS)
+    d = SlowDownload(s.port)
+    assert d.started.wait(30)
+    for sig in [signal.SIGHUP] * 10 + [signal.SIGTERM] + [signal.SIGHUP] * 5 + [
+            signal.SIGINT, signal.SIGTERM, signal.SIGHUP]:
+        s.proc.send_signal(sig)
+        time.sleep(0.003)  # about 1 MB/s (the kernel hands over ~4 KiB per recv)
+    assert s.proc.poll() is None  # still finishing the download
+    d.check()
+    finish(s, os.path.dirname(out))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_killed_supervisor_leaves_no_worker_and_frees_the_port(own_build, loop):
+    out, _ = own_build
+    s = Server(out, "--loop", loop, "--workers", "2", *SLOW_LIMITS)
+    d = SlowDownload(s.port)
+    assert d.started.wait(30)
+    workers = children(s.proc.pid)
+    assert len(workers) == 2
+    s.proc.kill()  # SIGKILL: nothing of the supervisor runs
+    s.proc.wait(10)
+    try:
+        # Every worker stops accepting at once (their listeners close)…
+        assert wait_for(lambda: port_free(s.port), 15), f"port {s.port} still held"
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", s.port), timeout=2)
+        # …finishes what it had in flight, and exits.
+        d.check()
+        assert wait_for(lambda: not live_processes(os.path.dirname(out)), 30)
+    finally:
+        for pid in live_processes(os.path.dirname(out)):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_health_probes_on_the_admin_port(own_build, loop):
+    out, _ = own_build
+    admin = free_port()
+    s = Server(out, "--loop", loop, "--workers", "2", "--admin-port", str(admin), *SLOW_LIMITS)
+    url = f"http://127.0.0.1:{admin}"
+    try:
+        assert get(admin, HEALTH_PATH) == (200, b"ok\n")
+        assert wait_for(lambda: get(admin, READY_PATH) == (200, b"ready\n"))
+        assert "orisha_ready 1" in get(admin, METRICS_PATH)[1].decode()
+        r = orisha("health", url + READY_PATH, timeout=60)
+        assert r.returncode == 0, r.stderr
+        r = orisha("health", url + "/nope", timeout=60)
+        assert r.returncode == 1 and r.stderr.strip().endswith("404 Not Found"), r.stderr
+        assert len(r.stderr.splitlines()) == 1
+
+        d = SlowDownload(s.port)  # keeps the server stopping for a while
+        assert d.started.wait(30)
+        s.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: get(admin, READY_PATH) == (503, b"stopping\n"))
+        assert get(admin, HEALTH_PATH) == (200, b"ok\n")  # alive, just not ready
+        r = orisha("health", url + READY_PATH, timeout=60)
+        assert r.returncode == 1 and "503 Service Unavailable" in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1
+        d.check()
+    finally:
+        finish(s, os.path.dirname(out))
+    r = orisha("health", url + HEALTH_PATH, timeout=60)  # gone: refused
+    assert r.returncode == 1 and r.stderr.startswith("orisha: unhealthy: "), r.stderr
+
+
+def test_health_command_exit_codes():
+    replies = {b"/ok": b"HTTP/1.1 204 No Content\r\n\r\n",
+               b"/bad": b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n",
+               b"/junk": b"SSH-2.0-OpenSSH\r\n"}
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts (the kernel does) but never answers
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                path = c.recv(4096).split(b" ")[1]
+                c.sendall(replies[path])
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = srv.getsockname()[1]
+    try:
+        cases = [(f"http://127.0.0.1:{port}/ok", 0, "204 No Content"),
+                 (f"http://127.0.0.1:{port}/bad", 1, "500 Internal Server Error"),
+                 (f"http://127.0.0.1:{port}/junk", 1, "not an HTTP answer"),
+                 (f"http://127.0.0.1:{free_port()}/", 1, "refused"),
+                 (f"http://127.0.0.1:{silent.getsockname()[1]}/", 1, "no answer within 0.5 s"),
+                 ("https://127.0.0.1/", 1, "not an http://"),
+                 ("nonsense", 1, "not an http://")]
+        for url, code, words in cases:
+            r = subprocess.run([*orisha_cmd(), "health", "--timeout", "0.5", url],
+                               capture_output=True, text=True, cwd=ROOT, timeout=60)
+            said = r.stdout + r.stderr
+            assert r.returncode == code and words in said and len(said.splitlines()) == 1, (url, r)
+    finally:
+        srv.close()
+        silent.close()
