@@ -25,6 +25,13 @@ MODULES = {
 }
 
 
+# Compiled bodies of the same loops, built by setup.py where Cython and a C compiler are
+# there. ``load`` prefers them; ORISHA_PURE=1 (or a pure install) leaves the modules above.
+COMPILED = {
+    "epoll": "orisha.loops.compiled_epoll",
+    "io-uring": "orisha.loops.compiled_io_uring",
+}
+
 # The third-party packages each loop imports (a packager bundles these with the module).
 LIBRARIES = {"epoll": (), "io-uring": ("liburing", "dynamic_import"), "kqueue": (),
              "asyncio": ("uvloop",)}
@@ -103,12 +110,29 @@ def resolve(name: str) -> tuple[str, str | None]:
     return "epoll", f"io_uring unavailable ({problem}); using epoll"
 
 
+def pure() -> bool:
+    """True when ORISHA_PURE asks for the pure-Python modules even where compiled ones exist."""
+    return os.environ.get("ORISHA_PURE", "") not in ("", "0")
+
+
+def module(name: str) -> str:
+    """The module ``load`` imports for loop ``name``: its compiled body when built, else the .py."""
+    compiled = COMPILED.get(name)
+    if compiled and not pure() and importlib.util.find_spec(compiled) is not None:
+        return compiled
+    return MODULES[name]
+
+
+def build(loop_cls) -> str:
+    """"compiled" or "pure": which body a class ``load`` returned is (for the start-up line)."""
+    return "compiled" if loop_cls.__module__ in COMPILED.values() else "pure"
+
+
 def load(name: str):
     """Import the chosen loop body's module and return its ``Loop`` class."""
-    try:
-        module = MODULES[name]
-    except KeyError:
-        raise LoopUnavailable(f"unknown loop {name!r} (choose from {', '.join(MODULES)})") from None
+    if name not in MODULES:
+        raise LoopUnavailable(f"unknown loop {name!r} (choose from {', '.join(MODULES)})")
+    module_name = module(name)
     if name == "io-uring":
         problem = io_uring_problem()
         if problem:
@@ -118,6 +142,13 @@ def load(name: str):
     if name == "epoll" and not hasattr(select, "epoll"):
         raise LoopUnavailable("--loop epoll: this platform has no epoll (Linux does)")
     try:
-        return importlib.import_module(module).Loop
+        return importlib.import_module(module_name).Loop
+    except ImportError as e:
+        if module_name == MODULES[name]:
+            raise LoopUnavailable(f"--loop {name}: {e}") from None
+    # A compiled body that does not load (built against another liburing or Python):
+    # the pure module is the documented fallback.
+    try:
+        return importlib.import_module(MODULES[name]).Loop
     except ImportError as e:
         raise LoopUnavailable(f"--loop {name}: {e}") from None

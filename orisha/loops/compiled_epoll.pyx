@@ -1,0 +1,284 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Loop body on Linux epoll, compiled: the same contract and behaviour as
+``readiness.py`` + ``epoll.py`` (the specification and the pure fallback), in C.
+
+Strategy: everything but the core's own calls is C — epoll_wait into a fixed
+array, accept4, recv into one reusable buffer (copied into the ``bytes`` the
+core takes), sendmsg with iovecs pointing straight into ``outgoing``, sendfile
+for a ``FileRegion`` (the head before it goes with MSG_MORE), and the
+per-socket state in a typed object — so what is left per request is the
+interpreter running the core.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.errno cimport EAGAIN, ECONNABORTED, EINTR, EMFILE, ENFILE, ENOBUFS, ENOMEM, errno
+from libc.string cimport memset
+from posix.unistd cimport close as c_close
+
+from ..blob import FileRegion
+
+cdef extern from "<sys/uio.h>" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+
+cdef extern from "<sys/socket.h>" nogil:
+    struct sockaddr:
+        unsigned short sa_family
+    struct sockaddr_storage:
+        pass
+    ctypedef unsigned int socklen_t
+    struct msghdr:
+        iovec *msg_iov
+        size_t msg_iovlen
+    int SOCK_CLOEXEC, SOCK_NONBLOCK, SHUT_WR, MSG_NOSIGNAL, MSG_MORE, AF_INET, AF_INET6
+    int accept4(int, sockaddr *, socklen_t *, int)
+    ssize_t recv(int, void *, size_t, int)
+    ssize_t sendmsg(int, const msghdr *, int)
+    int shutdown(int, int)
+    int setsockopt(int, int, int, const void *, socklen_t)
+
+cdef extern from "<netinet/in.h>" nogil:
+    int IPPROTO_TCP
+    struct in_addr:
+        pass
+    struct in6_addr:
+        pass
+    struct sockaddr_in:
+        in_addr sin_addr
+    struct sockaddr_in6:
+        in6_addr sin6_addr
+
+cdef extern from "<netinet/tcp.h>" nogil:
+    int TCP_NODELAY
+
+cdef extern from "<arpa/inet.h>" nogil:
+    const char *inet_ntop(int, const void *, char *, socklen_t)
+
+cdef extern from "<sys/sendfile.h>" nogil:
+    ssize_t sendfile(int, int, long *, size_t)
+
+cdef extern from "<sys/epoll.h>" nogil:
+    union epoll_data_t:
+        int fd
+    struct epoll_event:
+        unsigned int events
+        epoll_data_t data
+    int EPOLLIN, EPOLLOUT, EPOLLHUP, EPOLLERR, EPOLL_CLOEXEC, EPOLL_CTL_ADD, EPOLL_CTL_MOD, EPOLL_CTL_DEL
+    int epoll_create1(int)
+    int epoll_ctl(int, int, int, epoll_event *)
+    int epoll_wait(int, epoll_event *, int, int)
+
+cdef extern from "<time.h>" nogil:
+    struct c_timespec "timespec":
+        long tv_sec
+        long tv_nsec
+    int CLOCK_REALTIME
+    int clock_gettime(int, c_timespec *)
+
+cdef enum:
+    READ = 1
+    WRITE = 2
+    EVENTS = 512
+    IOV_MAX = 64
+    RECV = 65536
+
+cdef char _recv_buf[RECV]
+
+
+cdef inline double _now() noexcept nogil:
+    cdef c_timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef class _Conn:
+    cdef object conn
+    cdef int fd, watched
+    cdef bint may_shut
+    cdef Py_ssize_t region_done   # bytes of the first FileRegion already sent (base.py)
+
+
+cdef class Loop:
+    cdef readonly str name
+    cdef object listener, app, conns
+    cdef int lfd, ep
+
+    def __init__(self, listener, app):
+        self.name = "epoll"
+        self.listener, self.app = listener, app
+        self.lfd = listener.fileno()
+        self.conns = {}
+        self.ep = epoll_create1(EPOLL_CLOEXEC)
+        if self.ep < 0:
+            raise OSError(errno, "epoll_create1")
+
+    cdef _watch(self, int fd, int want, bint known):
+        cdef epoll_event ev
+        ev.events = (EPOLLIN if want & READ else 0) | (EPOLLOUT if want & WRITE else 0)
+        ev.data.fd = fd
+        if epoll_ctl(self.ep, EPOLL_CTL_MOD if known else EPOLL_CTL_ADD, fd, &ev) < 0:
+            raise OSError(errno, "epoll_ctl")
+
+    cdef _forget(self, int fd):
+        epoll_ctl(self.ep, EPOLL_CTL_DEL, fd, NULL)
+
+    def run(self, stopping):
+        cdef epoll_event events[EVENTS]
+        cdef int i, n, fd
+        cdef unsigned int ev
+        cdef double now, next_tick
+        cdef bint accepting = True, paused = False
+        cdef _Conn c
+        cdef ssize_t got
+        cdef object deadline = None, conns = self.conns
+        self._watch(self.lfd, READ, False)
+        next_tick = _now() + 1
+        while conns or accepting:
+            n = epoll_wait(self.ep, events, EVENTS, 1000)
+            if n < 0 and errno != EINTR:
+                raise OSError(errno, "epoll_wait")
+            now = _now()
+            for i in range(n if n > 0 else 0):
+                fd, ev = events[i].data.fd, events[i].events
+                if fd == self.lfd:
+                    if accepting and not paused and not self._accept(now):
+                        paused = True  # out of descriptors: leave the backlog until the next tick
+                        self._forget(self.lfd)
+                    continue
+                c = conns.get(fd)
+                if c is None:
+                    continue
+                # A hang-up or error is surfaced as readable: recv returns 0 or fails.
+                if ev & (EPOLLIN | EPOLLHUP | EPOLLERR) and c.conn.wants_read:
+                    got = recv(fd, _recv_buf, RECV, 0)
+                    if got < 0:
+                        if errno == EAGAIN or errno == EINTR:  # spurious readiness
+                            continue
+                        self._close(c)  # ECONNRESET and friends end this connection only
+                        continue
+                    c.conn.receive(PyBytes_FromStringAndSize(_recv_buf, got), now)
+                self._flush(c, now)
+            if now >= next_tick:
+                next_tick = now + 1
+                self.app.tick(now)
+                if paused and accepting:
+                    self._watch(self.lfd, READ, False)
+                    paused = False
+                for c in list(conns.values()):
+                    c.conn.tick(now)
+                    self._flush(c, now)
+            if accepting and stopping():
+                accepting = False
+                if not paused:
+                    self._forget(self.lfd)
+                self.listener.close()
+                deadline = now + self.app.limits.grace
+                for c in list(conns.values()):
+                    c.conn.shutdown(now)
+                    self._flush(c, now)
+            if deadline is not None and now > deadline:
+                for c in list(conns.values()):
+                    self._close(c)
+        self.app.tick(_now())  # last counters and log lines
+        c_close(self.ep)
+
+    cdef bint _accept(self, double now) except -1:
+        """Accept all pending connections; False when out of descriptors or memory."""
+        cdef sockaddr_storage addr
+        cdef socklen_t alen
+        cdef int fd, one = 1
+        cdef char text[64]
+        cdef const void *ip
+        cdef _Conn c
+        while True:
+            alen = sizeof(addr)
+            fd = accept4(self.lfd, <sockaddr *>&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC)
+            if fd < 0:
+                if errno == EAGAIN:  # backlog drained
+                    return True
+                if errno == EMFILE or errno == ENFILE or errno == ENOBUFS or errno == ENOMEM:
+                    return False
+                if errno == ECONNABORTED or errno == EINTR:  # the client gave up while queued
+                    continue
+                raise OSError(errno, "accept4")
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one))
+            if (<sockaddr *>&addr).sa_family == AF_INET6:
+                ip = &(<sockaddr_in6 *>&addr).sin6_addr
+            else:
+                ip = &(<sockaddr_in *>&addr).sin_addr
+            if inet_ntop((<sockaddr *>&addr).sa_family, ip, text, sizeof(text)) == NULL:
+                text[0] = b"-"
+                text[1] = 0
+            c = _Conn()
+            c.fd, c.watched, c.may_shut = fd, READ, True
+            c.conn = self.app.connect(now, text.decode("ascii"))
+            self.conns[fd] = c
+            self._watch(fd, READ, False)
+            self._flush(c, now)
+
+    cdef _flush(self, _Conn c, double now):
+        cdef object conn = c.conn
+        cdef list out = conn.outgoing
+        cdef Py_ssize_t n
+        cdef int want
+        while out:
+            n = self._send(c, out)
+            if n < 0:
+                if errno == EAGAIN:  # socket buffer full: wait until writable
+                    break
+                self._close(c)  # EPIPE/ECONNRESET: the peer is gone
+                return
+            conn.sent(n, now)
+        if conn.should_close:
+            self._close(c)
+            return
+        if conn.shut_write and c.may_shut:
+            c.may_shut = False
+            shutdown(c.fd, SHUT_WR)  # ENOTCONN: the peer is already gone; the next read says so
+        want = WRITE if out else (READ if conn.wants_read else 0)
+        if want != c.watched:
+            self._watch(c.fd, want, True)
+            c.watched = want
+
+    cdef Py_ssize_t _send(self, _Conn c, list out) except? -2:
+        """One sendmsg of the items before the first FileRegion, or one sendfile from it.
+        The count for ``sent`` (a region only whole: 0 while part of it is out); -1 with errno."""
+        cdef iovec iov[IOV_MAX]
+        cdef msghdr msg
+        cdef Py_buffer view
+        cdef Py_ssize_t i, k = 0, size = len(out), got
+        cdef long offset
+        cdef object item = out[0]
+        if type(item) is FileRegion:
+            offset = item.offset + c.region_done
+            got = sendfile(c.fd, item.fd, &offset, item.length - c.region_done)
+            if got < 0:
+                return -1
+            c.region_done += got
+            if c.region_done < item.length:
+                return 0
+            c.region_done = 0
+            return item.length
+        for i in range(min(size, IOV_MAX)):
+            item = out[i]
+            if type(item) is FileRegion:
+                break
+            # The pointer outlives the buffer request: ``out`` keeps the object alive until
+            # after the call, and bytes and blob views never move.
+            PyObject_GetBuffer(item, &view, PyBUF_SIMPLE)
+            iov[k].iov_base = view.buf
+            iov[k].iov_len = view.len
+            PyBuffer_Release(&view)
+            k += 1
+        memset(&msg, 0, sizeof(msg))
+        msg.msg_iov = iov
+        msg.msg_iovlen = k
+        return sendmsg(c.fd, &msg, MSG_NOSIGNAL | (MSG_MORE if type(item) is FileRegion else 0))
+
+    cdef _close(self, _Conn c):
+        del self.conns[c.fd]
+        self._forget(c.fd)
+        c_close(c.fd)
+        c.conn.close()

@@ -1,0 +1,542 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Loop body on Linux io_uring, compiled: the same contract as ``io_uring.py``, in C.
+
+Strategy: the pure loop pays several Python calls into the wrapper's objects
+per submission. Here every ring operation is a C call on liburing's inline
+helpers (the header the ``liburing`` package ships; its Cython module supplies
+the few non-inline calls: ring set-up, submit-and-wait, exit), so no Python
+object is made per operation. What remains per request is the core's own work
+and one ``bytes`` for what was read.
+
+  - one multishot accept (single-shot on kernels before 5.19: EINVAL);
+  - one multishot recv per connection into a ring of provided buffers (the
+    kernel picks a buffer per completion; it is copied into ``bytes`` and given
+    back at once). Kernels without provided-buffer rings (before 5.19) or
+    without multishot recv (before 6.0) get single-shot recvs;
+  - sends: one ``sendmsg`` of up to 64 iovecs pointing into ``outgoing`` (the
+    core keeps those buffers alive until ``sent``); a ``FileRegion`` is spliced
+    from the blob's file through a pipe to the socket (two linked SQEs), so
+    large bodies never pass through the worker's memory;
+  - the ring is set up with SINGLE_ISSUER | DEFER_TASKRUN (completion work runs
+    only when this thread waits, in one batch) where the kernel has them,
+    falling back to COOP_TASKRUN, then to no flags;
+  - each loop iteration queues what the core asked for and makes one
+    submit-and-wait call (1 s timeout for the tick), then drains the completions.
+
+Backpressure: the multishot recv stays armed while the core is writing; data
+that arrives meanwhile (a pipelining client) is kept and the recv is cancelled,
+then both are resumed when the core wants input again, so a connection never
+holds more than one read beyond the core's own limit.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.errno cimport EINVAL, EMFILE, ENFILE, ENOBUFS, ENOMEM, errno
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.unistd cimport close as c_close
+
+from liburing.queue cimport io_uring as Ring
+from liburing.queue cimport io_uring_cqe as Cqe
+from liburing.queue cimport io_uring_queue_exit, io_uring_queue_init
+from liburing.queue cimport io_uring_submit, io_uring_submit_and_wait_timeout
+from liburing.time cimport timespec as Timespec
+
+import socket as _socket
+
+from ..blob import FileRegion
+
+cdef extern from "<errno.h>" nogil:
+    int ECANCELED
+
+cdef extern from "<sys/uio.h>" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+
+cdef extern from "<sys/socket.h>" nogil:
+    struct sockaddr:
+        pass
+    ctypedef unsigned int socklen_t
+    struct msghdr:
+        void *msg_name
+        socklen_t msg_namelen
+        iovec *msg_iov
+        size_t msg_iovlen
+        void *msg_control
+        size_t msg_controllen
+        int msg_flags
+    int SOCK_CLOEXEC, SHUT_WR, MSG_NOSIGNAL, MSG_MORE
+    int setsockopt(int, int, int, const void *, socklen_t)
+    int getpeername(int, sockaddr *, socklen_t *)
+
+cdef extern from "<netinet/in.h>" nogil:
+    int IPPROTO_TCP
+
+cdef extern from "<netinet/tcp.h>" nogil:
+    int TCP_NODELAY
+
+cdef extern from "<fcntl.h>" nogil:
+    int O_CLOEXEC, F_SETPIPE_SZ, SPLICE_F_MOVE
+    int pipe2(int *, int)
+    int fcntl(int, int, ...)
+
+cdef extern from "<time.h>" nogil:
+    struct c_timespec "timespec":
+        long tv_sec
+        long tv_nsec
+    int CLOCK_REALTIME
+    int clock_gettime(int, c_timespec *)
+
+cdef extern from "<sys/syscall.h>" nogil:
+    long syscall(long, ...)
+    long SYS_io_uring_register "__NR_io_uring_register"
+
+cdef extern from "liburing.h" nogil:
+    struct io_uring:
+        int ring_fd
+    struct io_uring_sqe:
+        unsigned char flags
+        unsigned short buf_group
+    struct io_uring_cqe:
+        uint64_t user_data
+        int res
+        unsigned int flags
+    struct io_uring_buf_ring:
+        pass
+    struct io_uring_buf_reg:
+        uint64_t ring_addr
+        unsigned int ring_entries
+        unsigned short bgid
+    io_uring_sqe *io_uring_get_sqe(io_uring *)
+    void io_uring_sqe_set_data64(io_uring_sqe *, uint64_t)
+    void io_uring_prep_multishot_accept(io_uring_sqe *, int, sockaddr *, socklen_t *, int)
+    void io_uring_prep_accept(io_uring_sqe *, int, sockaddr *, socklen_t *, int)
+    void io_uring_prep_recv_multishot(io_uring_sqe *, int, void *, size_t, int)
+    void io_uring_prep_recv(io_uring_sqe *, int, void *, size_t, int)
+    void io_uring_prep_sendmsg(io_uring_sqe *, int, const msghdr *, unsigned int)
+    void io_uring_prep_splice(io_uring_sqe *, int, int64_t, int, int64_t, unsigned int, unsigned int)
+    void io_uring_prep_close(io_uring_sqe *, int)
+    void io_uring_prep_shutdown(io_uring_sqe *, int, int)
+    void io_uring_prep_cancel_fd(io_uring_sqe *, int, unsigned int)
+    void io_uring_prep_cancel64(io_uring_sqe *, uint64_t, int)
+    void io_uring_cqe_seen(io_uring *, io_uring_cqe *)
+    void io_uring_buf_ring_init(io_uring_buf_ring *)
+    void io_uring_buf_ring_add(io_uring_buf_ring *, void *, unsigned int, unsigned short, int, int)
+    void io_uring_buf_ring_advance(io_uring_buf_ring *, int)
+    int io_uring_buf_ring_mask(unsigned int)
+    unsigned int IORING_SETUP_SINGLE_ISSUER, IORING_SETUP_DEFER_TASKRUN
+    unsigned int IORING_SETUP_COOP_TASKRUN, IORING_SETUP_SUBMIT_ALL
+    unsigned int IOSQE_BUFFER_SELECT, IOSQE_IO_LINK
+    unsigned int IORING_CQE_F_MORE, IORING_CQE_F_BUFFER, IORING_CQE_BUFFER_SHIFT
+    unsigned int IORING_REGISTER_PBUF_RING, IORING_ASYNC_CANCEL_ALL
+
+cdef extern from *:
+    """
+    /* The next completion, or NULL: io_uring_peek_cqe would call into the library
+       (not linked here) when the queue is empty; this reads the ring only. */
+    static inline struct io_uring_cqe *orisha_peek_cqe(struct io_uring *ring) {
+        unsigned head = *ring->cq.khead;
+        if (head == io_uring_smp_load_acquire(ring->cq.ktail))
+            return NULL;
+        return &ring->cq.cqes[head & ring->cq.ring_mask];
+    }
+    """
+    io_uring_cqe *orisha_peek_cqe(io_uring *) nogil
+
+DEF IOV_MAX = 64
+DEF RECV = 16384          # bytes per provided buffer and per single-shot recv
+DEF BUFS = 1024           # provided buffers in the ring (a power of two)
+DEF BGID = 1
+DEF PIPE = 1 << 20        # bytes a connection's splice pipe is asked to hold
+
+cdef enum:
+    ACCEPT = 1
+    RECV_OP = 2
+    SEND = 3
+    SPLICE_IN = 4
+    IGNORE = 5
+
+_EXHAUSTED = (EMFILE, ENFILE, ENOBUFS, ENOMEM)
+
+
+cdef inline double _now() noexcept nogil:
+    cdef c_timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef class _Conn:
+    cdef object conn
+    cdef long id
+    cdef int fd
+    cdef bint recv_armed, sending, closing, cancelled, shut
+    cdef object pending          # bytes read while the core wanted none (see Backpressure)
+    cdef char *buf               # single-shot recv buffer when there is no buffer ring
+    cdef object region           # the FileRegion being spliced, or None
+    cdef Py_ssize_t done         # its bytes already on the socket
+    cdef Py_ssize_t piped        # its bytes in the pipe
+    cdef int pipe_r, pipe_w
+    cdef msghdr msg
+    cdef iovec iov[IOV_MAX]
+
+    def __cinit__(self):
+        self.pipe_r = self.pipe_w = -1
+        self.region = None
+        self.pending = None
+
+    def __dealloc__(self):
+        free(self.buf)
+        if self.pipe_r >= 0:
+            c_close(self.pipe_r)
+            c_close(self.pipe_w)
+
+
+cdef class Loop:
+    cdef readonly str name
+    cdef object listener, app, conns
+    cdef Ring ring_obj
+    cdef io_uring *ring
+    cdef int lfd
+    cdef long next_id
+    cdef bint accepting, multishot_accept, multishot_recv, stopped, paused
+    cdef object deadline
+    cdef io_uring_buf_ring *br
+    cdef char *slab
+    cdef size_t br_size
+
+    def __init__(self, listener, app):
+        self.name = "io-uring"
+        self.listener, self.app = listener, app
+        self.lfd = listener.fileno()
+        self.conns = {}
+        self.next_id = 1
+        self.multishot_accept = True
+        self._setup_ring()
+        self._setup_buffers()
+
+    cdef _setup_ring(self):
+        # SINGLE_ISSUER (6.0) and DEFER_TASKRUN (6.1), else COOP_TASKRUN (5.19), else none:
+        # each older kernel answers EINVAL to flags it does not know.
+        cdef Ring ring
+        for flags in (IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+                      IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL, 0):
+            ring = Ring()  # a fresh one per try: the package marks a ring used even when set-up fails
+            try:
+                io_uring_queue_init(4096, ring, flags)
+            except OSError as e:
+                if e.errno == EINVAL and flags:
+                    continue
+                raise
+            self.ring_obj = ring
+            self.ring = <io_uring *>&ring.ptr
+            return
+
+    cdef _setup_buffers(self):
+        """Register a ring of BUFS provided buffers (5.19); without it, single-shot recvs."""
+        cdef io_uring_buf_reg reg
+        cdef int i
+        self.br_size = BUFS * 16  # sizeof(struct io_uring_buf)
+        cdef void *mem = mmap(NULL, self.br_size, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0)
+        if mem == MAP_FAILED:
+            raise MemoryError("io_uring buffer ring")
+        memset(&reg, 0, sizeof(reg))
+        reg.ring_addr = <uint64_t>mem
+        reg.ring_entries = BUFS
+        reg.bgid = BGID
+        if syscall(SYS_io_uring_register, self.ring.ring_fd, IORING_REGISTER_PBUF_RING, &reg, 1) < 0:
+            munmap(mem, self.br_size)  # EINVAL: a kernel before 5.19
+            self.multishot_recv = False
+            return
+        self.br = <io_uring_buf_ring *>mem
+        io_uring_buf_ring_init(self.br)
+        self.slab = <char *>malloc(BUFS * RECV)
+        if self.slab == NULL:
+            raise MemoryError("io_uring receive buffers")
+        for i in range(BUFS):
+            io_uring_buf_ring_add(self.br, self.slab + i * RECV, RECV, i, io_uring_buf_ring_mask(BUFS), i)
+        io_uring_buf_ring_advance(self.br, BUFS)
+        self.multishot_recv = True
+
+    cdef io_uring_sqe *_sqe(self, uint64_t user_data) except NULL:
+        cdef io_uring_sqe *sqe = io_uring_get_sqe(self.ring)
+        if sqe == NULL:  # submission queue full: flush early (the only extra submit)
+            io_uring_submit(self.ring_obj)
+            sqe = io_uring_get_sqe(self.ring)
+            if sqe == NULL:
+                raise MemoryError("io_uring submission queue")
+        io_uring_sqe_set_data64(sqe, user_data)
+        return sqe
+
+    cdef _arm_accept(self):
+        if self.multishot_accept:
+            io_uring_prep_multishot_accept(self._sqe(ACCEPT), self.lfd, NULL, NULL, SOCK_CLOEXEC)
+        else:
+            io_uring_prep_accept(self._sqe(ACCEPT), self.lfd, NULL, NULL, SOCK_CLOEXEC)
+        self.accepting = True
+
+    cdef _arm_recv(self, _Conn c):
+        cdef io_uring_sqe *sqe
+        if self.br != NULL:
+            sqe = self._sqe(c.id << 3 | RECV_OP)
+            if self.multishot_recv:
+                io_uring_prep_recv_multishot(sqe, c.fd, NULL, 0, 0)
+            else:
+                io_uring_prep_recv(sqe, c.fd, NULL, RECV, 0)
+            sqe.flags |= IOSQE_BUFFER_SELECT
+            sqe.buf_group = BGID
+        else:
+            if c.buf == NULL:
+                c.buf = <char *>malloc(RECV)
+                if c.buf == NULL:
+                    raise MemoryError("receive buffer")
+            io_uring_prep_recv(self._sqe(c.id << 3 | RECV_OP), c.fd, c.buf, RECV, 0)
+        c.recv_armed = True
+
+    cdef _service(self, _Conn c):
+        """Queue what the core wants for this connection: a close, a send, a recv."""
+        cdef object conn = c.conn, out, data
+        while True:
+            if not c.closing and conn.should_close:
+                c.closing = True
+            if c.closing:
+                self._close(c)
+                return
+            out = conn.outgoing
+            if out and not c.sending:
+                self._send(c, out)
+            elif not out and conn.shut_write and not c.shut and not c.sending:
+                c.shut = True
+                io_uring_prep_shutdown(self._sqe(IGNORE), c.fd, SHUT_WR)
+            if not conn.wants_read:
+                return
+            if c.pending is None:
+                if not c.recv_armed:
+                    self._arm_recv(c)
+                return
+            data, c.pending = c.pending, None
+            conn.receive(data, _now())
+
+    cdef _close(self, _Conn c):
+        if c.recv_armed or c.sending:  # in-flight operations end first (ECANCELED)
+            if not c.cancelled:
+                c.cancelled = True
+                io_uring_prep_cancel_fd(self._sqe(IGNORE), c.fd, IORING_ASYNC_CANCEL_ALL)
+            return
+        io_uring_prep_close(self._sqe(IGNORE), c.fd)
+        del self.conns[c.id]
+        c.conn.close()
+
+    cdef _send(self, _Conn c, list out):
+        cdef Py_ssize_t i = 0, n = 0, size = len(out)
+        cdef Py_buffer view
+        cdef object item
+        cdef io_uring_sqe *sqe
+        item = out[0]
+        if type(item) is FileRegion:
+            self._splice(c, item)
+            return
+        for i in range(min(size, IOV_MAX)):
+            item = out[i]
+            if type(item) is FileRegion:
+                break
+            # The pointer outlives the buffer request: the core keeps ``item`` alive until
+            # ``sent`` reports it, and bytes and blob views never move.
+            PyObject_GetBuffer(item, &view, PyBUF_SIMPLE)
+            c.iov[n].iov_base = view.buf
+            c.iov[n].iov_len = view.len
+            PyBuffer_Release(&view)
+            if c.iov[n].iov_len:
+                n += 1
+        memset(&c.msg, 0, sizeof(msghdr))
+        c.msg.msg_iov = c.iov
+        c.msg.msg_iovlen = n
+        io_uring_prep_sendmsg(self._sqe(c.id << 3 | SEND), c.fd, &c.msg,
+                              MSG_NOSIGNAL | (MSG_MORE if i < size and type(out[i]) is FileRegion else 0))
+        c.sending = True
+
+    cdef _splice(self, _Conn c, region):
+        """Blob file → pipe → socket: two linked splices (the pipe is the connection's own)."""
+        cdef int fds[2]
+        cdef Py_ssize_t n
+        cdef io_uring_sqe *sqe
+        if c.pipe_r < 0:
+            if pipe2(fds, O_CLOEXEC) < 0:
+                raise OSError(errno, "pipe2")
+            c.pipe_r, c.pipe_w = fds[0], fds[1]
+            fcntl(c.pipe_w, F_SETPIPE_SZ, <int>PIPE)  # may be refused (pipe-max-size): 64 KiB then
+        c.region = region
+        if not c.piped:
+            n = min(<Py_ssize_t>region.length - c.done, PIPE)
+            sqe = self._sqe(c.id << 3 | SPLICE_IN)
+            io_uring_prep_splice(sqe, region.fd, <int64_t>region.offset + c.done, c.pipe_w, -1, n, SPLICE_F_MOVE)
+            sqe.flags |= IOSQE_IO_LINK
+        else:
+            n = c.piped
+        io_uring_prep_splice(self._sqe(c.id << 3 | SEND), c.pipe_r, -1, c.fd, -1, n, SPLICE_F_MOVE)
+        c.sending = True
+
+    cdef _accepted(self, int fd, double now):
+        cdef int one = 1
+        cdef _Conn c
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one))
+        s = _socket.socket(fileno=fd)  # only to read the peer's address: the ring keeps the fd
+        try:
+            peer = s.getpeername()[0]
+        except OSError:  # already reset by the peer: the first recv will say so
+            peer = "-"
+        s.detach()
+        c = _Conn()
+        c.id, c.fd = self.next_id, fd
+        self.next_id += 1
+        c.conn = self.app.connect(now, peer)
+        self.conns[c.id] = c
+        self._service(c)
+
+    def run(self, stopping):
+        cdef Timespec ts = Timespec(1.0)
+        cdef Cqe cqe = Cqe()
+        cdef io_uring_cqe *e
+        cdef double now, next_tick
+        cdef uint64_t ud
+        cdef int res
+        cdef unsigned int flags
+        self._arm_accept()
+        self.stopped, self.paused, self.deadline = False, False, None
+        next_tick = _now() + 1
+        while True:
+            now = _now()
+            if not self.stopped and stopping():
+                self._stop(now)
+            if now >= next_tick:
+                next_tick = now + 1
+                self._tick(now)
+            if self.stopped and not self.conns and not self.accepting:
+                io_uring_submit(self.ring_obj)  # the queued closes run at submit
+                break
+            try:
+                io_uring_submit_and_wait_timeout(self.ring_obj, cqe, 1, ts)
+            except OSError:  # ETIME after 1 s, or EINTR (a signal): both just go round
+                pass
+            now = _now()
+            while True:
+                e = orisha_peek_cqe(self.ring)
+                if e == NULL:
+                    break
+                ud, res, flags = e.user_data, e.res, e.flags
+                io_uring_cqe_seen(self.ring, e)
+                if ud & 7 == ACCEPT:
+                    self._accept_done(res, flags, now)
+                elif ud & 7 != IGNORE:
+                    self._done(ud, res, flags, now)
+        self.listener.close()
+        self.app.tick(_now())  # last counters and log lines
+        io_uring_queue_exit(self.ring_obj)
+        free(self.slab)
+        self.slab = NULL
+        if self.br != NULL:
+            munmap(self.br, self.br_size)
+            self.br = NULL
+
+    cdef _stop(self, double now):
+        """Stop accepting; every connection finishes what it is sending within the grace."""
+        self.stopped, self.deadline = True, now + self.app.limits.grace
+        if self.accepting:
+            io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
+        for c in list(self.conns.values()):
+            c.conn.shutdown(now)
+            self._service(c)
+
+    cdef _tick(self, double now):
+        cdef _Conn c
+        self.app.tick(now)
+        if self.paused and not self.stopped:  # out of descriptors last time: try again now
+            self.paused = False
+            self._arm_accept()
+        for c in list(self.conns.values()):
+            if self.deadline is not None and now > self.deadline:
+                c.closing = True
+            c.conn.tick(now)
+            self._service(c)
+
+    cdef _accept_done(self, int res, unsigned int flags, double now):
+        if not flags & IORING_CQE_F_MORE:
+            self.accepting = False
+        if res >= 0:
+            if self.stopped:
+                c_close(res)
+            else:
+                self._accepted(res, now)
+        elif -res in _EXHAUSTED:
+            self.paused = True  # re-armed at the next tick: no spinning on EMFILE
+        elif res == -EINVAL and self.multishot_accept:
+            self.multishot_accept = False  # a kernel before 5.19: single-shot accepts
+        if not self.accepting and not self.stopped and not self.paused and res != -ECANCELED:
+            self._arm_accept()
+
+    cdef _done(self, uint64_t ud, int res, unsigned int flags, double now):
+        """A recv, send or splice completed for connection ``ud >> 3``."""
+        cdef _Conn c = self.conns.get(<long>(ud >> 3))
+        cdef int op = ud & 7
+        if c is None:
+            return
+        if op == RECV_OP:
+            self._received(c, res, flags, now)
+        elif op == SPLICE_IN:
+            if res > 0:
+                c.piped += res
+            elif res != -ECANCELED:
+                c.closing = True  # the blob file cannot be read: nothing sensible to send
+            return  # the linked splice to the socket completes next
+        else:
+            c.sending = False
+            if res < 0:
+                if res != -ECANCELED:
+                    c.closing = True  # EPIPE/ECONNRESET: the client left mid-response
+            elif c.region is not None:
+                self._region_sent(c, res, now)
+            else:
+                c.conn.sent(res, now)
+        self._service(c)
+
+    cdef _region_sent(self, _Conn c, int res, double now):
+        region, c.region = c.region, None
+        c.piped -= res
+        c.done += res
+        if c.done < region.length:
+            c.conn.sent(0, now)  # progress within the region (base.py: reported whole)
+        else:
+            c.done = 0
+            c.conn.sent(region.length, now)
+
+    cdef _received(self, _Conn c, int res, unsigned int flags, double now):
+        cdef bytes data
+        cdef unsigned short bid
+        if not flags & IORING_CQE_F_MORE:
+            c.recv_armed = False
+        if res < 0:
+            if res == -EINVAL and self.multishot_recv and self.br != NULL:
+                self.multishot_recv = False  # a kernel before 6.0: single-shot recvs
+            elif res != -ECANCELED and res != -ENOBUFS:  # ENOBUFS: re-armed in _service
+                c.closing = True  # ECONNRESET and friends end this connection only
+            return
+        if flags & IORING_CQE_F_BUFFER:
+            bid = flags >> IORING_CQE_BUFFER_SHIFT
+            data = PyBytes_FromStringAndSize(self.slab + bid * RECV, res)
+            io_uring_buf_ring_add(self.br, self.slab + bid * RECV, RECV, bid, io_uring_buf_ring_mask(BUFS), 0)
+            io_uring_buf_ring_advance(self.br, 1)
+        else:
+            data = PyBytes_FromStringAndSize(c.buf, res)
+        if c.closing:
+            return
+        if c.pending is not None:
+            c.pending += data
+        elif c.conn.wants_read:
+            c.conn.receive(data, now)
+            return
+        else:
+            c.pending = data
+        if c.recv_armed:  # the core is writing: stop reading until it wants input again
+            io_uring_prep_cancel64(self._sqe(IGNORE), c.id << 3 | RECV_OP, 0)
