@@ -320,8 +320,9 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
-    vm = _Vm(cmd, log)
+    vm = None
     try:
+        vm = _Vm(cmd, log)
         _wait_serving(vm, stop, started)
         ms = (time.monotonic() - started) * 1000
         announce(f"orisha: serving http://{host}:{port}/ (loop unikernel, 1 worker, pid {os.getpid()}): "
@@ -332,7 +333,8 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
         _drain(vm, limits.grace, force)
         return 0
     finally:
-        vm.kill()
+        if vm:
+            vm.kill()
         for s, h in old.items():
             signal.signal(s, h)
 
