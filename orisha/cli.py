@@ -19,6 +19,7 @@ from .core.policy import LIMITS, Limits
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import BuildError, OrishaError
 from .loops import BUILD_CHOICES as LOOPS
+from .loops import describe as loop_bodies
 
 
 def _fail(message: str) -> None:
@@ -59,7 +60,8 @@ def _summary(r) -> str:
 
 
 @click.group(cls=_Group)
-@click.version_option(package_name="orisha")
+@click.version_option(package_name="orisha",  # says which loop bodies are compiled
+                      message=f"%(prog)s, version %(version)s ({loop_bodies()})")
 def main() -> None:
     """Orisha: a static site compiled into complete HTTP responses."""
 
@@ -78,7 +80,16 @@ def main() -> None:
               show_default=True,
               help="container: also OUT/orisha, one static executable serving the site "
                    "(and what the top-level Dockerfile needs).")
-def build(site, out, fallback, not_found, cache_control, loop, no_cache, target) -> None:
+@click.option("--symlinks", type=click.Choice(["follow", "inside"]), default="follow",
+              show_default=True,
+              help="follow: serve what every symlink points at; inside: only targets inside "
+                   "SITE (for trees you do not trust).")
+@click.option("--header", "headers", multiple=True, metavar="GLOB:NAME=VALUE",
+              help="Add a header to files matching GLOB (repeatable; like a _headers file).")
+@click.option("--redirect", "redirects", multiple=True, metavar='"FROM TO [STATUS]"',
+              help="A _redirects rule, as one string (repeatable; before the site's _redirects).")
+def build(site, out, fallback, not_found, cache_control, loop, no_cache, target, symlinks,
+          headers, redirects) -> None:
     """Compile SITE into responses in OUT."""
     if target == "container":
         from .targets.container.build import build as builder
@@ -86,7 +97,8 @@ def build(site, out, fallback, not_found, cache_control, loop, no_cache, target)
         from .embed.build import build as builder
     r = builder(site, out, fallback=fallback, not_found=not_found,
                 cache_control=_cache_controls(cache_control), loop=loop,
-                cache=None if no_cache else "", progress=sys.stdout.isatty())
+                cache=None if no_cache else "", progress=sys.stdout.isatty(),
+                symlinks=symlinks, headers=headers, redirects=redirects)
     click.echo(_summary(r))
 
 
@@ -109,8 +121,14 @@ def _limit_options(f):
 @click.option("--access-log", metavar="PATH", help="Append a common-log-format access log to PATH ('-': stdout). Off by default.")
 @click.option("--admin-port", type=int, metavar="PORT",
               help="Serve Prometheus counters at http://127.0.0.1:PORT/metrics. Off by default.")
+@click.option("--tls-cert", metavar="FILE", help="PEM certificate (chain allowed): the port speaks "
+              "TLS, HTTP/2 and HTTP/1.1 by ALPN. SIGHUP reads it again.")
+@click.option("--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")
+@click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
+              help="Oldest TLS version accepted.")
 @_limit_options
-def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port, **limits) -> None:
+def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port,
+          tls_cert, tls_key, tls_min, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     if not manifest.is_build(path):
         path = build_into_cache(path, fallback=fallback, not_found=not_found)
@@ -119,7 +137,8 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
         sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
-                 limits=Limits(**limits), access_log=access_log, admin_port=admin_port))
+                 limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
+                 tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min))
 
 
 @main.command()

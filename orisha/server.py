@@ -83,13 +83,18 @@ def _access_log(path: str):
 def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | None = None,
         loop: str | None = None, limits: Limits | None = None, announce=print,
         access_log: str | None = None, admin_port: int | None = None,
-        admin_host: str = "127.0.0.1") -> int:
+        admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
+        tls_min: str = "1.2") -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
     SIGHUP reloads a build folder with zero downtime: a new generation of
     workers starts on the same listeners, then the old one stops gracefully.
     ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
+    ``tls_cert``/``tls_key``: the port speaks TLS (HTTP/2 by ALPN, orisha/protocols/tls.py);
+    a reload reads them anew. Without them: cleartext HTTP/1.1 and h2c.
     """
+    protocols = _protocols(tls_cert, tls_key, tls_min)
+    protocols()  # a bad certificate or key fails here, before any port is taken
     reloadable = isinstance(build_dir, (str, os.PathLike))
     site = load_site(build_dir) if reloadable else build_dir
     name, loop_cls = _loop(loop or site.loop)
@@ -104,9 +109,10 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         raise
     sup = Supervisor(site, socks, loop_cls, limits or Limits(), log=log, admin=admin,
                      load=(lambda: load_site(build_dir)) if reloadable else None,
-                     name=str(build_dir) if reloadable else "")
+                     name=str(build_dir) if reloadable else "", protocols=protocols)
     sup.start()
-    announce(_serving_line(socks[0].getsockname(), admin, name, workers, site))
+    announce(_serving_line(socks[0].getsockname(), admin, name, workers, site,
+                           "https" if tls_cert else "http"))
     sys.stdout.flush()
     return sup.serve()
 
@@ -122,11 +128,24 @@ def _loop(wanted: str):
         raise ServeError(str(e)) from None
 
 
-def _url(addr) -> str:
-    return f"http://[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"http://{addr[0]}:{addr[1]}"
+def _protocols(cert: str | None, key: str | None, minimum: str):
+    """What makes each worker generation's protocols object (orisha/protocols/)."""
+    if cert is None and key is None:
+        from .protocols.front import Plain  # HTTP/1.1, and h2c for clients that know
+        return Plain
+    if not (cert and key):
+        raise ServeError("--tls-cert and --tls-key go together")
+    from .protocols import tls  # ssl is imported only by a server that speaks TLS
+    print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs", file=sys.stderr)
+    return lambda: tls.Tls(tls.context(cert, key, minimum))
 
 
-def _serving_line(bound, admin, name: str, workers: int, site) -> str:
+def _url(addr, scheme: str = "http") -> str:
+    host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+    return f"{scheme}://{host}:{addr[1]}"
+
+
+def _serving_line(bound, admin, name: str, workers: int, site, scheme: str = "http") -> str:
     extra = f", admin {_url(admin.getsockname())}{METRICS_PATH}" if admin else ""
-    return (f"orisha: serving {_url(bound)}/ (loop {name}, {workers} "
+    return (f"orisha: serving {_url(bound, scheme)}/ (loop {name}, {workers} "
             f"worker{'s' if workers > 1 else ''}, pid {os.getpid()}{extra}): {site.summary}")

@@ -131,9 +131,15 @@ class Supervisor:
 
     def __init__(self, site, socks: list[socket.socket], loop_cls, limits: Limits, *,
                  load: Callable[[], object] | None = None, log=None,
-                 admin: socket.socket | None = None, name: str = "") -> None:
+                 admin: socket.socket | None = None, name: str = "",
+                 protocols: Callable[[], object] | None = None) -> None:
         self.site, self.socks, self.loop_cls, self.limits = site, socks, loop_cls, limits
         self.load, self.log, self.admin, self.name = load, log, admin, name
+        # ``protocols`` makes a generation's TLS/HTTP/2 front (orisha/protocols/), here in the
+        # supervisor so every worker shares one TLS context (one set of session-ticket keys)
+        # and a reload reads the certificate anew.
+        self.make_protocols = protocols
+        self.protocols = protocols() if protocols else None
         self.workers = len(socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1))
         self.live: dict[int, Worker] = {}
@@ -220,7 +226,8 @@ class Supervisor:
                     s.close()
             _die_with(self.pid)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGTERM lands here
-            app = App(self.site, self.limits, publish=self.stats.publisher(slot), log=self.log)
+            app = App(self.site, self.limits, publish=self.stats.publisher(slot), log=self.log,
+                      protocols=self.protocols)
             body = self.loop_cls(self.socks[index], app)
             self.stats.mark_started(slot)
             body.run(lambda: bool(stop))
@@ -278,7 +285,7 @@ class Supervisor:
 
     def _reload(self) -> None:
         """SIGHUP: load the build again, start a generation on it, retire the current one."""
-        if self.stopping or self.load is None:
+        if self.stopping or (self.load is None and self.make_protocols is None):
             self.reload_pending = False
             return
         draining = len(self._draining())
@@ -292,12 +299,14 @@ class Supervisor:
         gc.unfreeze()  # let the previous sites (cycles through their modules) be collected
         gc.collect()
         try:
-            site = self.load()
+            site = self.load() if self.load else self.site
+            protocols = self.make_protocols() if self.make_protocols else None
         except ServeError as e:
             gc.freeze()
             print(f"orisha: reload failed, still serving the previous build: {e}", file=sys.stderr)
             return
-        self.site, old = site, [pid for pid, w in self.live.items() if w.gen == self.gen]
+        self.site, self.protocols = site, protocols
+        old = [pid for pid, w in self.live.items() if w.gen == self.gen]
         self.gen += 1
         self.reloads += 1
         self._spawn_generation()

@@ -43,6 +43,7 @@ from collections import deque
 
 from hpack import Decoder, HPACKError
 
+from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
 from ..core.policy import Stat
@@ -540,7 +541,10 @@ class H2Connection:
                 out.append(_frame(len(part), CONTINUATION, last, sid) + part)
         self.out_bytes += len(block) + 9
         if body:
-            st = self.streams[sid] = _Stream(sid, self.initial, memoryview(body))
+            # DATA frames are at most 16 KiB (the peer's max frame size, usually), so a large
+            # body is framed from its map (``FileRegion.view``) rather than sent with sendfile.
+            view = body.view if body.__class__ is FileRegion else memoryview(body)
+            st = self.streams[sid] = _Stream(sid, self.initial, view)
             self.ready.append(st)
             self._pump()
         else:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import ssl
 import sys
 
+from ..blob import FileRegion
 from ..core.connection import Tail
 from ..errors import ServeError
 from .front import Sniffing, to_h2
@@ -72,9 +73,9 @@ def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(cert, key)
     except ssl.SSLError as e:
-        why = "does not match the certificate" if "MISMATCH" in str(e).upper() else \
-            "not a PEM private key (or it is encrypted)"
-        raise ServeError(f"{key}: {why} ({cert})") from None
+        why = f"does not match the certificate {cert}" if "MISMATCH" in str(e).upper() else \
+            "not a PEM private key (or an encrypted one)"
+        raise ServeError(f"{key}: {why}") from None
     return ctx
 
 
@@ -110,7 +111,7 @@ class TlsConnection:
     """One TLS connection; the loop-body contract of ``orisha/loops/base.py``."""
 
     __slots__ = ("app", "tls", "rbio", "wbio", "inner", "cipher", "cipher_bytes", "began",
-                 "since", "state", "refuse", "should_close", "shut_write", "notified")
+                 "since", "state", "refuse", "should_close", "shut_write", "notified", "region_pos")
     HANDSHAKE, OPEN, PLAIN = 0, 1, 2
 
     def __init__(self, app, ctx: ssl.SSLContext, now: float, peer: str, refuse: bool) -> None:
@@ -123,6 +124,7 @@ class TlsConnection:
         self.began = self.since = now
         self.state = self.HANDSHAKE
         self.should_close = self.shut_write = self.notified = False
+        self.region_pos = 0  # bytes of the inner connection's first FileRegion already encrypted
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -266,12 +268,22 @@ class TlsConnection:
         out = inner.outgoing
         while out and self.cipher_bytes < _HIGH:
             first = out[0]
+            if first.__class__ is FileRegion:  # encrypted from its map (no kTLS: see the
+                pos = self.region_pos          # Strategy); reported whole, as the seam says
+                chunk = first.view[pos:pos + _CHUNK]
+                tls.write(chunk)
+                self._flush_tls()
+                pos += len(chunk)
+                self.region_pos = 0 if pos >= first.length else pos
+                inner.sent(first.length if pos >= first.length else 0, now)
+                out = inner.outgoing
+                continue
             if len(first) >= _CHUNK:
                 chunk = memoryview(first)[:_CHUNK]
             else:
                 parts, size = [first], len(first)
                 for b in out[1:]:
-                    if size + len(b) > _CHUNK:
+                    if b.__class__ is FileRegion or size + len(b) > _CHUNK:
                         break
                     parts.append(b)
                     size += len(b)

@@ -1,0 +1,190 @@
+"""HTTP/2: the same answers as HTTP/1.1, framed per RFC 9113.
+
+The first part drives the sans-I/O layer in memory (an ``h2`` library client
+over a fake socket): every conformance behaviour must give the same status,
+fields and bytes as HTTP/1.1 for the same request, since both go through the
+one ``answer()``. The second part runs real servers per loop body, over TLS
+(ALPN h2) and as h2c with prior knowledge, with real clients (curl, nghttp).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import h2.settings
+import pytest
+from conftest import DEMO, demo_file
+from h2util import (DATA, GOAWAY, HEADERS, PREFACE, H2Client, frame, goaway_code, read_frames,
+                    settings)
+from httpraw import split_responses
+
+from orisha.core.connection import App
+from orisha.core.policy import Limits
+from orisha.protocols.front import Plain
+from orisha.server import load_site
+
+NOW = 1_700_000_000.0
+
+
+@pytest.fixture(scope="module")
+def site(builds):
+    return load_site(builds["notfound"])
+
+
+class MemSock:
+    """A socket-shaped pipe into a sans-I/O connection (what a loop body would do)."""
+
+    def __init__(self, conn, now: float = NOW) -> None:
+        self.conn, self.now, self.pending, self.closed = conn, now, b"", False
+
+    def _drain(self) -> bytes:
+        out = b""
+        while self.conn.outgoing:
+            data = b"".join(bytes(b) for b in self.conn.outgoing)
+            self.conn.sent(len(data), self.now)
+            out += data
+        if self.conn.should_close or self.conn.shut_write:
+            self.closed = True
+        return out
+
+    def sendall(self, data: bytes) -> None:
+        self.conn.receive(data, self.now)
+        self.pending += self._drain()
+
+    def recv(self, n: int) -> bytes:
+        self.pending += self._drain()
+        data, self.pending = self.pending[:n], self.pending[n:]
+        if not data and not self.closed:
+            raise AssertionError("the server waits for input the test did not send")
+        return data
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def h1(app, method: str, path: str, headers: dict) -> tuple[int, dict, bytes]:
+    conn = app.connect(NOW, "-")
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    conn.receive(head.encode(), NOW)
+    out = b"".join(bytes(b) for b in conn.outgoing)
+    conn.close()
+    if method == "HEAD":
+        h, _, _ = out.partition(b"\r\n\r\n")
+        out = h + b"\r\n\r\n"
+        status, hs, _ = split_responses(out.replace(b"Content-Length", b"X-Length"))[0]
+        hs["content-length"] = hs.pop("x-length")
+        return status, hs, b""
+    return split_responses(out)[0]
+
+
+CASES = [
+    ("GET", "/", {}), ("GET", "/", {"accept-encoding": "gzip, br"}),
+    ("GET", "/", {"accept-encoding": "zstd"}), ("HEAD", "/css/site.css", {"accept-encoding": "br"}),
+    ("GET", "/docs", {}), ("GET", "/docs?a=1&b", {}), ("GET", "/nope", {}),
+    ("GET", "/", {"accept-encoding": "identity;q=0"}),
+    ("GET", "/files/big.txt", {"range": "bytes=10-99"}),
+    ("GET", "/files/big.txt", {"range": "bytes=999999999-"}),
+    ("GET", "/files/big.txt", {}), ("POST", "/", {}), ("GET", "/%zz", {}),
+    ("GET", "/files/empty.txt", {}), ("GET", "/img/pixel.png", {}),
+]
+
+
+def test_every_answer_is_the_http1_answer(site):
+    app = App(site, protocols=Plain())
+    client = H2Client(MemSock(app.connect(NOW, "-")))
+    etag = client.get("/").h("etag")
+    cases = CASES + [("GET", "/", {"if-none-match": etag}),
+                     ("GET", "/", {"if-modified-since": "Fri, 01 Jan 2100 00:00:00 GMT"})]
+    got = client.fetch(cases, scheme="http")
+    for (method, path, headers), r in zip(cases, got):
+        status, hs, body = h1(app, method, path, headers)
+        assert r.status == status, (method, path, headers)
+        hs.pop("connection", None)
+        assert r.headers == hs, (method, path)
+        assert r.body == body, (method, path)
+    assert [r.status for r in got[-2:]] == [304, 304]
+
+
+def test_many_streams_and_flow_control_with_a_tiny_window(site):
+    app = App(site, protocols=Plain())
+    client = H2Client(MemSock(app.connect(NOW, "-")), settings={"initial_window_size": 100,
+                                                                 "max_frame_size": 16384})
+    paths = ["/", "/css/site.css", "/nope", "/img/pixel.png"] * 25  # 100 streams at once
+    got = client.fetch([("GET", p, {}) for p in paths], scheme="http")
+    assert all(r.reset is None for r in got)
+    assert [r.body for r in got[::4]] == [demo_file("index.html")] * 25
+    assert {r.status for r in got[2::4]} == {404}
+    # the window opened wide: a large body in 16 KiB frames, byte-identical
+    client.c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+    assert client.get("/files/big.txt").body == demo_file("files/big.txt")
+
+
+def raw(site, data: bytes | list[bytes], now: float = NOW, limits: Limits | None = None):
+    """Feed raw bytes (after the preface); return (server bytes, connection)."""
+    app = App(site, limits, protocols=Plain())
+    conn = app.connect(now, "-")
+    sock = MemSock(conn, now)
+    for chunk in [PREFACE + settings()] + ([data] if isinstance(data, bytes) else data):
+        if sock.closed:
+            break
+        sock.sendall(chunk)
+    return sock.pending + sock._drain(), conn
+
+
+def request_block(path: str = "/", extra: list | None = None) -> bytes:
+    from hpack import Encoder
+    return Encoder().encode([(":method", "GET"), (":path", path), (":scheme", "http"),
+                             (":authority", "x")] + (extra or []))
+
+
+def test_padding_continuation_and_bytewise_input(site):
+    block = request_block("/css/site.css")
+    padded = bytes([7]) + block[:5] + b"\0" * 7
+    data = (frame(HEADERS, 0x8 | 0x1, 1, padded) + frame(9, 0, 1, block[5:9])
+            + frame(9, 0x4, 1, block[9:]))
+    whole, _ = raw(site, data)
+    bytewise, _ = raw(site, [data[i:i + 1] for i in range(len(data))])
+    for out in (whole, bytewise):
+        frames = read_frames(out)
+        hdr = [f for f in frames if f[0] == HEADERS]
+        body = b"".join(f[3] for f in frames if f[0] == DATA and f[2] == 1)
+        assert len(hdr) == 1 and body == demo_file("css/site.css")
+
+
+def test_graceful_stop_sends_goaway_and_finishes_streams(site):
+    app = App(site, protocols=Plain())
+    conn = app.connect(NOW, "-")
+    sock = MemSock(conn)
+    sock.sendall(PREFACE + settings(initial_window_size=10) + frame(HEADERS, 0x5, 1, request_block("/files/big.txt")))
+    conn.shutdown(NOW)
+    out, sock.pending = sock.pending + sock._drain(), b""
+    assert goaway_code(out) == 0
+    assert not conn.should_close  # stream 1 still owes its body (window 10)
+    sock.sendall(frame(8, 0, 1, (1 << 30).to_bytes(4, "big")) + frame(8, 0, 0, (1 << 30).to_bytes(4, "big")))
+    out += sock.pending
+    body = b"".join(p for t, _, s, p in read_frames(out) if t == DATA and s == 1)
+    assert body == demo_file("files/big.txt")
+    assert conn.shut_write or conn.should_close
+
+
+def test_idle_connection_goes_away(site):
+    limits = Limits(idle_timeout=3)
+    out, conn = raw(site, b"", limits=limits)
+    conn.tick(NOW + 10)
+    assert goaway_code(b"".join(bytes(b) for b in conn.outgoing)) == 0
+
+
+def test_h2_ignores_the_plain_path_and_http1_is_untouched(site):
+    app = App(site, protocols=Plain())
+    conn = app.connect(NOW, "-")
+    conn.receive(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", NOW)
+    assert type(conn).__name__ == "Http1"
+    assert bytes(conn.outgoing[0]).startswith(b"HTTP/1.1 200 OK")
+    conn = app.connect(NOW, "-")
+    conn.receive(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n", NOW)  # not the preface: HTTP/1.1 decides
+    assert type(conn).__name__ == "Http1"

@@ -1,0 +1,69 @@
+"""A test certificate authority made with the openssl CLI, and TLS clients for the tests.
+
+``make_pki(folder)`` writes a CA (``ca.pem``), a leaf for localhost and
+127.0.0.1 signed by it (``cert.pem`` + ``key.pem``), the leaf followed by the CA
+(``chain.pem``), and a second leaf (``cert2.pem``/``key2.pem``, another serial)
+for reload tests. Keys are P-256: quick to make, and what browsers expect.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+from typing import NamedTuple
+
+
+class Pki(NamedTuple):
+    dir: str
+    ca: str
+    cert: str
+    key: str
+    chain: str
+    cert2: str
+    key2: str
+
+
+def _openssl(*args: str, cwd: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_pki(folder: str) -> Pki:
+    os.makedirs(folder, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "3",
+             "-subj", "/CN=Orisha Test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=folder)
+    with open(os.path.join(folder, "leaf.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
+    for name, key in (("cert", "key"), ("cert2", "key2")):
+        _openssl("req", *ec, "-keyout", f"{key}.pem", "-out", f"{name}.csr",
+                 "-subj", "/CN=localhost", cwd=folder)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "3", "-extfile", "leaf.ext",
+                 cwd=folder)
+    p = lambda n: os.path.join(folder, n)  # noqa: E731
+    with open(p("chain.pem"), "wb") as out:
+        for n in ("cert.pem", "ca.pem"):
+            with open(p(n), "rb") as f:
+                out.write(f.read())
+    return Pki(folder, p("ca.pem"), p("cert.pem"), p("key.pem"), p("chain.pem"), p("cert2.pem"),
+               p("key2.pem"))
+
+
+def client_context(pki: Pki, alpn=("h2", "http/1.1"), version: str | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    if alpn:
+        ctx.set_alpn_protocols(list(alpn))
+    if version == "1.2":
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    elif version == "1.3":
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
+def tls_connect(port: int, ctx: ssl.SSLContext, timeout: float = 10, session=None) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    return ctx.wrap_socket(raw, server_hostname="localhost", session=session)
