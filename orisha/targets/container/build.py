@@ -60,7 +60,8 @@ EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.ta
             "_decimal", "_pydecimal", "decimal", "xml", "pyexpat", "sqlite3", "_sqlite3",
             "lzma", "_lzma", "bz2", "_bz2", "readline", "curses", "_curses", "multiprocessing",
             "concurrent", "json.tool", "certifi"]
-NOT_ASYNCIO = ["asyncio", "ssl", "_ssl", "_hashlib", "uvloop"]
+# ssl stays for every loop: --tls-cert/TLS_CERT (orisha/protocols/tls.py) works on each of them.
+NOT_ASYNCIO = ["asyncio", "_hashlib", "uvloop"]
 
 
 def loop_modules(loop: str) -> tuple[list[str], list[str]]:
