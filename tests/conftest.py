@@ -20,8 +20,12 @@ DEMO = os.path.join(ROOT, "sites", "demo")
 sys.path.insert(0, os.path.dirname(__file__))
 
 LOOPS = ["epoll", "io-uring", "kqueue", "asyncio"]
+# The pure-Python bodies of the loops that also have a compiled one (setup.py), served with
+# ORISHA_PURE=1: the conformance and curl suites run against both bodies; the slower suites
+# (reliability, real site, supervisor) use LOOPS, i.e. the compiled body where it is built.
+PURE = ["epoll-pure", "io-uring-pure"]
 # Every server the conformance suite runs against: the loops, and the packaged targets.
-TARGETS = LOOPS + ["container", "unikernel"]
+TARGETS = LOOPS + PURE + ["container", "unikernel"]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # One compression cache for the whole run (builds of the same bytes reuse it), never the user's.
@@ -48,9 +52,11 @@ def orisha_cmd(args=(), prelude: str = "") -> list[str]:
 class Server:
     """`orisha serve` in a subprocess; the port is read from its start-up line."""
 
-    def __init__(self, build: str, *args: str, proc: subprocess.Popen | None = None) -> None:
+    def __init__(self, build: str, *args: str, proc: subprocess.Popen | None = None,
+                 env: dict | None = None) -> None:
         self.proc = proc or subprocess.Popen(
-            self.cmd(build, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            self.cmd(build, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env=env)
         line = self.proc.stdout.readline()
         m = re.search(r"http://([\d.]+):(\d+)/", line)
         if not m:
@@ -108,6 +114,9 @@ def _server(builds, loop: str, mode: str) -> Server:
         elif loop == "container":  # the FROM-scratch image, run as uid 65534 on 127.0.0.1
             from container_target import start
             _servers[key] = start(DEMO, MODES[mode], TEST_LIMITS)
+        elif loop in PURE:  # the .py body even where the compiled one is built
+            _servers[key] = Server(builds[mode], "--loop", loop.removesuffix("-pure"), "--workers", "2",
+                                   *TEST_LIMITS, env={**os.environ, "ORISHA_PURE": "1"})
         else:
             _servers[key] = Server(builds[mode], "--loop", loop, "--workers", "2", *TEST_LIMITS)
     return _servers[key]

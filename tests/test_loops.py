@@ -13,9 +13,10 @@ import pytest
 from conftest import DEMO, LOOPS, ROOT, orisha, orisha_cmd
 from httpraw import Conn
 
-ALL = {"epoll": {"orisha.loops.epoll"}, "kqueue": {"orisha.loops.kqueue"},
+# Each loop's pure module and, where setup.py built it, its compiled body (loops.COMPILED).
+ALL = {"epoll": {"orisha.loops.epoll", "orisha.loops.compiled_epoll"}, "kqueue": {"orisha.loops.kqueue"},
        "asyncio": {"orisha.loops.asyncio", "uvloop", "asyncio"},
-       "io-uring": {"orisha.loops.io_uring", "liburing"}}
+       "io-uring": {"orisha.loops.io_uring", "orisha.loops.compiled_io_uring", "liburing"}}
 
 
 def imported_modules(args: list[str], tmp_path, double: bool = False) -> tuple[set[str], str]:

@@ -128,6 +128,12 @@ def build(loop_cls) -> str:
     return "compiled" if loop_cls.__module__ in COMPILED.values() else "pure"
 
 
+def describe() -> str:
+    """Which body each compiled-capable loop would run, e.g. "epoll compiled, io-uring pure"."""
+    return ", ".join(f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
+                     for name in COMPILED)
+
+
 def load(name: str):
     """Import the chosen loop body's module and return its ``Loop`` class."""
     if name not in MODULES:

@@ -1,0 +1,125 @@
+"""The compiled loop bodies and their pure fallback.
+
+setup.py builds ``orisha.loops.compiled_epoll`` and ``compiled_io_uring`` when
+Cython and a C compiler are there; ``orisha.loops.load`` prefers them, and
+``ORISHA_PURE=1`` makes it take the .py modules instead. The conformance and
+curl suites run against both bodies (conftest ``PURE`` targets); these tests
+check which one is loaded and that an install without a compiler or without
+Cython still gives a working, pure server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import DEMO, ROOT, Server, orisha
+from httpraw import Conn
+
+from orisha import loops
+
+BUILT = all(importlib.util.find_spec(m) is not None for m in loops.COMPILED.values())
+needs_compiled = pytest.mark.skipif(not BUILT, reason="compiled loop bodies not built "
+                                    "(pip install -e . with Cython and a C compiler)")
+
+
+def _loaded(loop: str, env: dict | None = None) -> str:
+    code = f"from orisha import loops; print(loops.load({loop!r}).__module__)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@needs_compiled
+@pytest.mark.parametrize("loop", ["epoll", "io-uring"])
+def test_compiled_body_is_loaded_and_orisha_pure_loads_the_py(loop):
+    if loop == "io-uring" and loops.io_uring_problem():
+        pytest.skip(loops.io_uring_problem())
+    assert _loaded(loop) == loops.COMPILED[loop]
+    assert _loaded(loop, {**os.environ, "ORISHA_PURE": "1"}) == loops.MODULES[loop]
+
+
+@needs_compiled
+def test_version_says_compiled_or_pure():
+    assert "epoll compiled" in orisha("--version").stdout
+    r = orisha("--version", env={**os.environ, "ORISHA_PURE": "1"})
+    assert "epoll pure" in r.stdout and "io-uring pure" in r.stdout
+
+
+@needs_compiled
+def test_compiled_epoll_serves_a_large_body_from_the_file(tmp_path):
+    """A FileRegion (sendfile) after its head, on keep-alive, then a small response."""
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out).returncode == 0
+    s = Server(out, "--loop", "epoll", "--workers", "1")
+    try:
+        c = Conn(s.port)
+        big = open(os.path.join(DEMO, "files/big.txt"), "rb").read()
+        r = c.request("/files/big.txt", headers={"Accept-Encoding": "identity"})
+        assert r.status == 200 and r.body == big
+        assert c.request("/").status == 200
+    finally:
+        assert s.stop() == 0
+
+
+def _pip_install(tmp_path, env: dict) -> str:
+    """``pip install`` this tree into a target folder without build isolation; the target."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.so", "*.c", ".pytest_cache", ".hypothesis", "__pycache__",
+        "*.egg-info", "sites", "unikernel", "docs"))
+    target = tmp_path / "target"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--disable-pip-version-check", "--target", str(target), str(src)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(target)
+
+
+def _serves_pure(target: str, tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": target}
+    assert not [f for f in os.listdir(os.path.join(target, "orisha", "loops")) if f.endswith(".so")]
+    out = str(tmp_path / "o")
+    r = subprocess.run([sys.executable, "-m", "orisha.cli", "build", DEMO, "-o", out], env=env,
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "serve", out, "--port", "0",
+                          "--workers", "1", "--loop", "epoll"], env=env, cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    s = Server.attach(p)
+    try:
+        assert Conn(s.port).request("/").status == 200
+    finally:
+        assert s.stop() == 0
+    r = subprocess.run([sys.executable, "-m", "orisha.cli", "--version"], env=env, capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert "epoll pure" in r.stdout, r.stdout
+
+
+@pytest.mark.slow
+def test_install_without_a_c_compiler_is_pure_and_works(tmp_path):
+    target = _pip_install(tmp_path, {**os.environ, "CC": "false", "LDSHARED": "false"})
+    _serves_pure(target, tmp_path)
+
+
+@pytest.mark.slow
+def test_install_without_cython_is_pure_and_works(tmp_path):
+    # A Cython package that cannot be imported shadows the real one during the build.
+    fake = tmp_path / "nocython" / "Cython"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no Cython here')\n")
+    pythonpath = os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")]))
+    target = _pip_install(tmp_path, {**os.environ, "PYTHONPATH": pythonpath})
+    _serves_pure(target, tmp_path)
+
+
+def test_loops_module_names_the_pure_module_under_orisha_pure(monkeypatch):
+    monkeypatch.setenv("ORISHA_PURE", "1")
+    assert all(loops.module(n) == loops.MODULES[n] for n in loops.COMPILED)
+    assert re.fullmatch(r"(\S+ (compiled|pure)(, )?)+", loops.describe())
