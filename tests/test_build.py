@@ -184,7 +184,7 @@ def test_symlinks(tmp_path, capfd):
     os.symlink(tmp_path / "outside.txt", site / "escape.txt")
     os.symlink(site, site / "d" / "loop")
     out = tmp_path / "o"
-    r = orisha("build", str(site), "-o", str(out))
+    r = orisha("build", str(site), "-o", str(out), "--symlinks", "inside")  # default: follow
     assert r.returncode == 0, r.stderr
     assert "escape.txt" in r.stderr and "outside the site root" in r.stderr
     routes = load_site(str(out)).routes

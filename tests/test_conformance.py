@@ -296,7 +296,8 @@ def test_empty_file_range_is_unsatisfiable(port):
     assert r.status == 416 and r.h("content-range") == "bytes */0"
 
 
-@pytest.mark.parametrize("spec", ["bytes=0-1,5-6", "bytes=abc", "items=0-5", "bytes=5-1"])
+# (several ranges: tests/test_ranges.py; ranges adding up past the length are overlap abuse: 200)
+@pytest.mark.parametrize("spec", ["bytes=0-,0-", "bytes=abc", "items=0-5", "bytes=5-1"])
 def test_other_ranges_get_the_whole_document(port, big, spec):
     r = get(port, BIG, range=spec)
     assert r.status == 200 and r.body == big

@@ -28,7 +28,9 @@ from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, REASONS, SAFE_METHODS,
                      STATS_SLOTS, Limits, Stat)
 from .request import HttpError, cannot_begin, parse_head
-from .site import IDENTITY, Entry, Redirect, Site
+from .matcher import match as match_rules
+from .ranges import multipart, range_set
+from .site import IDENTITY, Entry, Redirect, Rules, Site
 
 
 class Tail:
@@ -137,7 +139,8 @@ class App:
         # Kept as a plain tuple: CPython specialises unpacking for exact tuples only, and
         # ``_emit`` unpacks a plan per request (measured: a NamedTuple costs ~0.2 µs more).
         plan = tuple(answer(self.site, self.routes, self.limits, head))
-        if len(head) <= _PLAN_HEAD_MAX:
+        # A multipart 206 carries a body assembled for it (not a slice of the blob): not kept.
+        if len(head) <= _PLAN_HEAD_MAX and not (plan[5] == 206 and plan[2].__class__ is bytes):
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[head] = plan
@@ -378,17 +381,25 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
         return Plan(h, tail, b, close, discard, 405 if method in KNOWN_METHODS else 501)
     get = method == b"GET"
 
-    target = routes.get(req.path)
+    key = req.path
+    target = routes.get(key)
     if target is None:
-        key = route_key(req.path)
+        key = route_key(key)
         if key is None:
             return _error_plan(400)
         target = routes.get(key)
         if target is None:
-            target = site.fallback or site.not_found
-    if target.__class__ is Redirect:
-        q = b"?" + req.query if req.query is not None else b""
-        return Plan(target.location + q + target.tail, tail, b"", close, discard, 301)
+            # _redirects rules with splats or placeholders: only where no route answers.
+            target = ((site.rules and match_rules(site.rules, key, req.query, site))
+                      or site.fallback or site.not_found)
+    if target.__class__ is not Entry:
+        if target.__class__ is Rules:  # a route whose rules have query conditions
+            target = (match_rules(target.rules, key, req.query, site) or target.default
+                      or site.fallback or site.not_found)
+        if target.__class__ is Redirect:
+            q = b"?" + req.query if req.query is not None and target.query else b""
+            return Plan(target.location + q + target.tail, tail, b"", close, discard,
+                        target.status)
 
     entry: Entry = target
     mask = accept_encoding_mask(fields.get(b"accept-encoding"))
@@ -397,7 +408,8 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
         h, b = ERRORS[406]
         return Plan(h, tail, b if get else b"", close, discard, 406)
     if entry.conditional:
-        plan = _conditional(entry, v, fields, get and mask & IDENTITY, tail, close, discard)
+        plan = _conditional(entry, v, fields, get and mask & IDENTITY, tail, close, discard,
+                            site.boundary)
         if plan is not None:
             return plan
     return Plan(v.head, tail, v.body if get else b"", close, discard, entry.status)
@@ -433,8 +445,11 @@ def _framing(req, limits: Limits):
 
 
 def _conditional(entry: Entry, v, fields: dict, ranged: int, tail: int, close: int,
-                 discard: int) -> Plan | None:
-    """304, 206 or 416 for a document that takes preconditions and ranges; None for its 200."""
+                 discard: int, boundary: bytes = b"") -> Plan | None:
+    """304, 206 or 416 for a document that takes preconditions and ranges; None for its 200.
+
+    Ranges are served from the identity variant only (``ranged``: a GET that accepts it).
+    """
     inm = fields.get(b"if-none-match")
     if inm is not None:
         if none_match(inm, v.etag):
@@ -449,6 +464,8 @@ def _conditional(entry: Entry, v, fields: dict, ranged: int, tail: int, close: i
     if not rng or not _if_range(fields.get(b"if-range"), entry):
         return None
     ident = entry.identity
+    if b"," in rng:
+        return _ranges(entry, rng, tail, close, discard, boundary)
     r = byte_range(rng, ident.length)
     if r is False:
         return Plan(entry.head_416, tail, b"", close, discard, 416)
@@ -458,6 +475,28 @@ def _conditional(entry: Entry, v, fields: dict, ranged: int, tail: int, close: i
     head = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
             b"Content-Length: %d\r\n%s" % (first, last, ident.length, last - first + 1, ident.fields))
     return Plan(head, tail, ident.body[first:last + 1], close, discard, 206)
+
+
+def _ranges(entry: Entry, rng: bytes, tail: int, close: int, discard: int,
+            boundary: bytes) -> Plan | None:
+    """Several ranges (RFC 9110 §14.6): a multipart/byteranges 206, a single-part 206 when
+    they merge into one, a 416 when none is satisfiable, None (the 200) when ignored."""
+    ident = entry.identity
+    length = ident.length
+    r = range_set(rng, length)
+    if r is False:
+        return Plan(entry.head_416, tail, b"", close, discard, 416)
+    if r is None:
+        return None
+    if len(r) == 1:
+        first, last = r[0]
+        head = (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\n"
+                b"Content-Length: %d\r\n%s" % (first, last, length, last - first + 1, ident.fields))
+        return Plan(head, tail, ident.body[first:last + 1], close, discard, 206)
+    body = multipart(ident.body, r, length, boundary, entry.part_type)
+    head = (b"HTTP/1.1 206 Partial Content\r\nContent-Type: multipart/byteranges; boundary=%s\r\n"
+            b"Content-Length: %d\r\n%s" % (boundary, len(body), entry.multi_fields))
+    return Plan(head, tail, body, close, discard, 206)
 
 
 def _if_range(value: bytes | None, entry: Entry) -> bool:

@@ -6,10 +6,15 @@ document with its response heads already formatted (everything but the Date
 and Connection lines, which depend on the clock and on the request).  An
 ``Entry`` is one routable document with its variants and a 16-slot table that
 maps an Accept-Encoding mask to the smallest acceptable variant, so
-negotiation at request time is one index.
+negotiation at request time is one index. A ``Redirect`` is a precomputed
+redirect head; ``Rule`` and ``Rules`` are the few ``_redirects`` rules that
+must be matched at run time (orisha/core/matcher.py does it, on a route-table
+miss only), and ``Site`` ties the route table and those rules together.
 """
 
 from __future__ import annotations
+
+import re
 
 # Bit per content coding in an Accept-Encoding mask (see core/negotiate.py).
 IDENTITY, GZIP, BR, ZSTD = 1, 2, 4, 8
@@ -40,7 +45,7 @@ class Entry:
     """A routable document: its variants, validators and negotiation table."""
 
     __slots__ = ("variants", "choice", "identity", "last_modified", "conditional", "head_416",
-                 "status")
+                 "status", "multi_fields", "part_type")
 
     def __init__(self, variants: tuple[Variant, ...], last_modified: int,
                  conditional: bool = True) -> None:
@@ -55,27 +60,94 @@ class Entry:
                             for mask in range(16))
         self.head_416 = (b"HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */%d\r\n"
                          b"Content-Length: 0\r\n" % self.identity.length)
+        # A multipart/byteranges 206 (RFC 9110 §14.6): the identity fields with the
+        # document's Content-Type moved into every part, whose head starts with it.
+        fields = self.identity.fields
+        at = fields.find(b"Content-Type: ")
+        end = fields.find(b"\r\n", at) + 2
+        if conditional and at >= 0:
+            self.multi_fields = fields[:at] + fields[end:]
+            self.part_type = fields[at:end] + b"Content-Range: bytes "
+        else:
+            self.multi_fields = self.part_type = b""
+
+
+# Redirect statuses a rule may give (RFC 9110 §15.4). Their heads are formatted here, at
+# build time or once per run-time rule match, so the core needs no reason table for them.
+REDIRECTS = {301: b"Moved Permanently", 302: b"Found", 303: b"See Other",
+             307: b"Temporary Redirect", 308: b"Permanent Redirect"}
+_PERMANENT = (301, 308)
 
 
 class Redirect:
-    """``/dir`` → ``/dir/``: a 301 whose Location keeps the request's query."""
+    """A redirect: ``/dir`` → ``/dir/`` (301), or a ``_redirects`` rule's (301-308).
 
-    __slots__ = ("location", "tail")
+    Its head is ``location`` + (``?query`` when ``query`` is true and the
+    request has one) + ``tail``: the layout the unikernel image carries.
+    Permanent redirects may be cached for an hour; temporary ones are revalidated.
+    """
 
-    def __init__(self, location: bytes) -> None:
-        self.location = b"HTTP/1.1 301 Moved Permanently\r\nLocation: " + location
-        self.tail = b"\r\nContent-Length: 0\r\nCache-Control: public, max-age=3600\r\n"
+    __slots__ = ("location", "tail", "status", "query")
+
+    def __init__(self, location: bytes, status: int = 301, query: bool = True) -> None:
+        self.location = b"HTTP/1.1 %d %s\r\nLocation: %s" % (status, REDIRECTS[status], location)
+        cc = b"public, max-age=3600" if status in _PERMANENT else b"no-cache"
+        self.tail = b"\r\nContent-Length: 0\r\nCache-Control: " + cc + b"\r\n"
+        self.status = status
+        self.query = query
+
+
+class Rule:
+    """A ``_redirects`` rule matched at run time (it has a splat, a placeholder or a
+    query condition), consulted only when the route table has no answer.
+
+    ``pattern``: a regular expression over the decoded path whose named groups are
+    the placeholders (``splat`` for ``*``); ``query``: ``(key, name, literal)`` per
+    condition — the raw query parameter ``key`` must be present, equal ``literal``
+    when that is not None, and binds ``name`` when that is not None; ``to``: the
+    destination as pieces, bytes literals and placeholder names (str); ``status``:
+    a redirect status, 200 (rewrite: the destination's route) or 404 (the
+    destination document with status 404, from ``entries`` by destination key).
+    """
+
+    __slots__ = ("pattern", "query", "to", "status", "query_append", "entries")
+
+    def __init__(self, pattern: bytes, query: tuple, to: tuple, status: int,
+                 query_append: bool = True, entries: dict | None = None) -> None:
+        self.pattern = re.compile(pattern, re.S)
+        self.query = query
+        self.to = to
+        self.status = status
+        self.query_append = query_append
+        self.entries = entries or {}
+
+
+class Rules:
+    """A route whose answer depends on the query (rules with query conditions match its
+    path): ``rules`` are tried in order, else ``default`` (None: the not-found answer)."""
+
+    __slots__ = ("rules", "default")
+
+    def __init__(self, rules: tuple, default) -> None:
+        self.rules = rules
+        self.default = default
 
 
 class Site:
-    """The route table plus the documents for unknown paths."""
+    """The route table, the run-time rules and the documents for unknown paths.
 
-    __slots__ = ("routes", "not_found", "fallback", "summary", "loop")
+    ``boundary``: the multipart/byteranges boundary of this build (RFC 9110 §14.6).
+    """
+
+    __slots__ = ("routes", "not_found", "fallback", "summary", "loop", "rules", "boundary")
 
     def __init__(self, routes: dict, not_found: Entry, fallback: Entry | None,
-                 summary: str, loop: str) -> None:
+                 summary: str, loop: str, rules: tuple = (),
+                 boundary: bytes = b"orisha-byteranges") -> None:
         self.routes = routes
         self.not_found = not_found
         self.fallback = fallback
         self.summary = summary
         self.loop = loop
+        self.rules = rules
+        self.boundary = boundary

@@ -2,9 +2,13 @@
 
 Strategy: for every document, each kept variant gets its header block
 formatted here, once: Content-Type, ETag (strong, one per coding), Last-Modified,
-Cache-Control, Vary, Content-Encoding, Accept-Ranges; plus the 304 block
-(RFC 9110 §15.4.5: ETag, Cache-Control, Vary — Date is added at run time).
-Routes are decided here too, so the server only looks keys up.
+Cache-Control, Vary, Content-Encoding, Accept-Ranges (identity only: ranges are
+served from it), then the author's headers (``_headers``, ``--header``); plus
+the 304 block (RFC 9110 §15.4.5: ETag, Cache-Control, Vary, Expires,
+Content-Location — Date is added at run time). Error pages (404) carry no
+Accept-Ranges (no ranges are served on them), and the built-in one no
+Last-Modified (it has no file). Routes are decided here too, so the server
+only looks keys up.
 
 Cache-Control policy (first match wins):
   1. ``--cache-control GLOB=VALUE`` overrides, matched against the path in the site;
@@ -62,8 +66,19 @@ class Document:
     conditional: bool = True
 
 
+# Author headers a 304 repeats (RFC 9110 §15.4.5); ETag, Cache-Control and Vary are built in.
+_304_FIELDS = ("expires", "content-location")
+
+
 def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None,
-             overrides: list[tuple[str, str]], status: str = "200 OK") -> Document:
+             overrides: list[tuple[str, str]], status: str = "200 OK",
+             headers: tuple[tuple[str, str], ...] = (), dated: bool = True) -> Document:
+    """Every kept variant of one document with its heads formatted.
+
+    ``headers``: the author's fields, merged already (orisha/embed/rules.py); a
+    Content-Type or Cache-Control among them replaces the build's, a Vary adds to
+    Accept-Encoding. ``dated``: whether the document has a file (Last-Modified).
+    """
     ctype = content_type(rel)
     kept = {"identity": data}
     if encoded and compressible(ctype):
@@ -75,19 +90,37 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
         cc = cache_control(rel, ctype, overrides)
     else:
         cc = "no-cache"
-    vary = "Vary: Accept-Encoding\r\n" if len(kept) > 1 else ""
-    lm = format_http_date(mtime).decode()
+    author_vary = []
+    extra = extra_304 = ""
+    for name, value in headers:
+        lname = name.lower()
+        if lname == "content-type":
+            ctype = value
+        elif lname == "cache-control":
+            cc = value
+        elif lname == "vary":
+            author_vary.append(value)
+        else:
+            extra += f"{name}: {value}\r\n"
+            if lname in _304_FIELDS:
+                extra_304 += f"{name}: {value}\r\n"
+    varies = (["Accept-Encoding"] if len(kept) > 1 else []) + author_vary
+    vary = f"Vary: {', '.join(varies)}\r\n" if varies else ""
+    lm = f"Last-Modified: {format_http_date(mtime).decode()}\r\n" if dated else ""
+    ranges = "Accept-Ranges: bytes\r\n" if status == "200 OK" else ""
     doc = Document(rel, mtime, status=status, conditional=status == "200 OK")
     for coding in ("identity", "gzip", "br", "zstd"):
         if coding not in kept:
             continue
         etag = f'"{tag}{_ETAG_SUFFIX[coding]}"'
         ce = "" if coding == "identity" else f"Content-Encoding: {coding}\r\n"
-        fields = (f"Content-Type: {ctype}\r\nETag: {etag}\r\nLast-Modified: {lm}\r\n"
-                  f"Cache-Control: {cc}\r\n{vary}{ce}Accept-Ranges: bytes\r\n")
-        fields_304 = f"ETag: {etag}\r\nCache-Control: {cc}\r\n{vary}"
+        fields = (f"Content-Type: {ctype}\r\nETag: {etag}\r\n{lm}"
+                  f"Cache-Control: {cc}\r\n{vary}{ce}{ranges if coding == 'identity' else ''}"
+                  f"{extra}")
+        fields_304 = f"ETag: {etag}\r\nCache-Control: {cc}\r\n{vary}{extra_304}"
         doc.variants.append(VariantOut(coding, etag, fields.encode("utf-8", "surrogateescape"),
-                                       fields_304.encode(), kept[coding]))
+                                       fields_304.encode("utf-8", "surrogateescape"),
+                                       kept[coding]))
     return doc
 
 
@@ -99,14 +132,14 @@ def url_key(rel: str) -> bytes:
     return b"/" + rel.encode("utf-8", "surrogateescape")
 
 
-def routes(rels: list[str]) -> dict[bytes, tuple[str, str]]:
-    """Map each request path to ('doc', rel) or ('redirect', location).
+def routes(rels: list[str]) -> dict[bytes, tuple]:
+    """Map each request path to ('doc', rel) or ('redirect', (location, status, keep query)).
 
     ``/a/b.css`` → the file; ``/dir/`` → ``dir/index.html``; ``/dir`` → 301 to
     ``/dir/``; ``/page`` → ``page.html`` when no file or directory claims it.
     Keys are decoded bytes (the core percent-decodes before looking up).
     """
-    table: dict[bytes, tuple[str, str]] = {}
+    table: dict[bytes, tuple] = {}
     for rel in rels:
         table[url_key(rel)] = ("doc", rel)
     for rel in rels:
@@ -116,7 +149,7 @@ def routes(rels: list[str]) -> dict[bytes, tuple[str, str]]:
             table.setdefault(d, ("doc", rel))
             if head:
                 loc = quote("/" + head + "/", safe="/!$&'()*+,;=:@-._~", errors="surrogateescape")
-                table.setdefault(url_key(head), ("redirect", loc))
+                table.setdefault(url_key(head), ("redirect", (loc.encode(), 301, True)))
     for rel in rels:
         if rel.endswith(".html") and len(rel) > 5:
             table.setdefault(url_key(rel[:-5]), ("doc", rel))

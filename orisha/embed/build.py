@@ -1,9 +1,16 @@
 """The build step: site directory in, build output directory out.
 
-Strategy: walk → compress (parallel, cached) → assemble responses and routes →
-emit, all into a temporary directory beside OUT that replaces OUT only when
-complete, so a failed build leaves OUT as it was. An existing OUT is replaced
-only if it is itself an Orisha build: a build never deletes a user's files.
+Strategy: walk → read the author's rules (``_headers``, ``_redirects`` at the
+root, never served; ``--header``, ``--redirect``) → compress (parallel,
+cached) → assemble responses and routes, the rules resolved into the route
+table (orisha/embed/rules.py) → emit, all into a temporary directory beside
+OUT that replaces OUT only when complete, so a failed build leaves OUT as it
+was. An existing OUT is replaced only if it is itself an Orisha build: a build
+never deletes a user's files.
+
+A document is assembled once per (file, status, author headers): the same file
+served at two paths that different ``_headers`` blocks match is two entries
+(their bodies are stored once).
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import assemble, compress, emit
+from . import assemble, compress, emit, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
 from .walk import SourceFile, walk
+
+RULE_FILES = ("_headers", "_redirects")  # read at the root, never served
 
 
 @dataclass
@@ -54,7 +63,8 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           cache_control: list[tuple[str, str]] | None = None, loop: str = "auto",
           cache: str | None = "", progress: bool = False,
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
-          ) -> Result:
+          symlinks: str = "follow", headers: list[str] | tuple = (),
+          redirects: list[str] | tuple = ()) -> Result:
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
@@ -66,36 +76,143 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     not_found = _check_doc(site, not_found, "--not-found")
     overrides = cache_control or []
 
-    files = walk(site, warn)
+    files = walk(site, warn, symlinks)
+    header_rules, redirect_rules = _rules(site, files, headers, redirects)
+    files = [f for f in files if f.rel not in RULE_FILES]
+    if not files:
+        raise BuildError(f"{site}: the site directory has no files to serve")
     datas = [_read(f) for f in files]
     encoded = _compress(files, datas, compress.default_cache_dir() if cache == "" else cache,
                         progress)
-    docs = [assemble.document(f.rel, datas[i], f.mtime, encoded[i], overrides)
-            for i, f in enumerate(files)]
+    docs = _Documents(files, datas, encoded, overrides, header_rules)
     if not_found:
-        i = [f.rel for f in files].index(not_found)
-        nf = assemble.document(not_found, datas[i], files[i].mtime, encoded[i], overrides,
-                               status="404 Not Found")
+        nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
     else:
         nf = assemble.document("404.html", assemble.BUILTIN_404, 0, None, overrides,
-                               status="404 Not Found")
-    table = assemble.routes([f.rel for f in files])
+                               status="404 Not Found", dated=False)
+    docs.table = assemble.routes([f.rel for f in files])
+    resolved, runtime = rules.resolve(docs.table, redirect_rules)
+    if loop == "unikernel":
+        _check_unikernel(redirect_rules)
+    table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
+    compiled = [docs.rule(r) for r in runtime]
+    fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
     totals = {c: 0 for c in ("identity", *compress.CODINGS)}
-    for d in docs:
-        for v in d.variants:
-            totals[v.coding] += len(v.body)
+    for i in range(len(files)):
+        totals["identity"] += len(datas[i])
+        for c, body in (encoded[i] or {}).items():
+            if c in docs.base(i).codings:
+                totals[c] += len(body)
     summary = (f"{len(files)} files, {totals['identity']} bytes"
                + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c]))
 
     def write(tmp: str) -> None:
-        emit.write(tmp, docs, table, nf, fallback, loop, summary,
-                   {"files": len(files), "bytes": totals})
+        emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
+                   {"files": len(files), "bytes": totals}, compiled)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
-            image.write(tmp, docs, table, nf, fallback)
+            image.write(tmp, docs.used, table, nf, fallback)
     replace_dir(out, write)
     return Result(out, len(files), totals, time.monotonic() - started, summary)
+
+
+def _rules(site: str, files: list[SourceFile], headers, redirects):
+    """The author's rules: the command line's first, then the site's files."""
+    header_rules = [rules.cli_header(v) for v in headers]
+    redirect_rules = [rules.cli_redirect(v) for v in redirects]
+    for f in files:
+        if f.rel in RULE_FILES:
+            where = os.path.join(site, f.rel)
+            try:
+                text = _read(f).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BuildError(f"{where}: not UTF-8 text (byte {e.start})") from None
+            if f.rel == "_headers":
+                header_rules += rules.parse_headers(text, where)
+            else:
+                redirect_rules += rules.parse_redirects(text, where)
+    return header_rules, redirect_rules
+
+
+def _check_unikernel(redirect_rules: list) -> None:
+    """The C core has no run-time rule matcher yet: only rules the route table can hold."""
+    for r in redirect_rules:
+        if not r.exact:
+            raise BuildError(f"{r.where}: this rule needs run-time matching (splat, placeholder or "
+                             "query condition), which the unikernel's C core does not do yet; "
+                             "use a hosted loop, or exact paths")
+        if r.status in rules.REDIRECT_STATUSES and "?" in r.to:
+            raise BuildError(f"{r.where}: a destination with its own query needs the request's "
+                             "query dropped, which the unikernel's C core does not do yet")
+
+
+class _Documents:
+    """Documents made on demand, one per (file, status, author headers), with stable ids:
+    the file's path for the plain 200 document, ``path NUL n`` for the others."""
+
+    def __init__(self, files, datas, encoded, overrides, header_rules) -> None:
+        self.files, self.datas, self.encoded = files, datas, encoded
+        self.overrides, self.header_rules = overrides, header_rules
+        self.index = {f.rel: i for i, f in enumerate(files)}
+        self.ids: dict[tuple, str] = {}
+        self.used: list[assemble.Document] = []
+        self._base: dict[int, assemble.Document] = {}
+        self._rules: dict[int, emit.CompiledRule] = {}
+        self.table: dict = {}  # the routes of the files alone (assemble.routes)
+
+    def headers(self, path: str, rel: str) -> tuple:
+        return rules.headers_for(self.header_rules, path, rel)
+
+    def make(self, rel: str, status: str, headers: tuple) -> assemble.Document:
+        i = self.index[rel]
+        f = self.files[i]
+        return assemble.document(rel, self.datas[i], f.mtime, self.encoded[i], self.overrides,
+                                 status=status, headers=headers)
+
+    def base(self, i: int):
+        """The plain document of file ``i`` (its variants: what the summary counts)."""
+        if i not in self._base:
+            doc = self.make(self.files[i].rel, "200 OK", ())
+            doc.codings = {v.coding for v in doc.variants}
+            self._base[i] = doc
+        return self._base[i]
+
+    def id(self, rel: str, status: str, headers: tuple) -> str:
+        key = (rel, status, headers)
+        if key not in self.ids:
+            plain = status == "200 OK" and not headers
+            doc = self.base(self.index[rel]) if plain else self.make(rel, status, headers)
+            doc.rel = rel if plain else f"{rel}\0{len(self.ids)}"
+            self.ids[key] = doc.rel
+            self.used.append(doc)
+        return self.ids[key]
+
+    def route(self, key: bytes, value: tuple) -> tuple:
+        """A resolved route value with its document made: ("doc", id), a redirect or rules."""
+        kind, v = value
+        if kind == "redirect":
+            return value
+        if kind == "rules":
+            pending, default = v
+            return "rules", (tuple(self.rule(r) for r in pending),
+                             None if default is None else self.route(key, default))
+        path = key.decode("utf-8", "surrogateescape")
+        status = "404 Not Found" if kind == "doc404" else "200 OK"
+        return "doc", self.id(v, status, self.headers(path, v))
+
+    def rule(self, r) -> "emit.CompiledRule":
+        """A rule for the run-time matcher (made once, however many routes refer to it)."""
+        if id(r) not in self._rules:
+            entries = {}
+            if r.status == 404:
+                for key, rel in rules.not_found_targets(r, self.table).items():
+                    path = key.decode("utf-8", "surrogateescape")
+                    entries[key] = self.id(rel, "404 Not Found", self.headers(path, rel))
+            self._rules[id(r)] = emit.CompiledRule(
+                r.regex.pattern.encode("utf-8", "surrogateescape"), r.conditions(), r.pieces(),
+                r.status, "?" not in r.to, entries)
+        return self._rules[id(r)]
 
 
 def _read(f: SourceFile) -> bytes:

@@ -1,10 +1,15 @@
 """Finding the files of a site.
 
 Strategy: a sorted, deterministic walk of the site root. Every regular file is
-taken, whatever its size. Symlinks are followed when their target stays inside
-the root and skipped with a warning when it leaves it (or loops). Problems that
-make a build wrong (missing root, unreadable file) raise ``BuildError`` naming
-the path; the CLI prints it as one line.
+taken, whatever its size. Symlinks are followed wherever they point (the
+author built the tree: Debian's HTML documentation links its scripts into
+/usr/share/javascript, and nginx, Caddy and static-web-server serve them);
+``symlinks="inside"`` keeps only links whose target stays inside the root, for
+trees nobody vouches for. A broken or unreadable link, a link leaving the root
+under ``inside`` and a directory link back into its own ancestors (a cycle)
+are skipped with a one-line warning each, so the walk always ends. Problems
+that make a build wrong (missing root, unreadable regular file) raise
+``BuildError`` naming the path; the CLI prints it as one line.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Callable
 
 from ..errors import BuildError
 
+SYMLINKS = ("follow", "inside")
+
 
 @dataclass(frozen=True)
 class SourceFile:
@@ -23,19 +30,32 @@ class SourceFile:
     mtime: int      # whole seconds, for Last-Modified
 
 
-def walk(root: str, warn: Callable[[str], None]) -> list[SourceFile]:
+def walk(root: str, warn: Callable[[str], None], symlinks: str = "follow") -> list[SourceFile]:
+    if symlinks not in SYMLINKS:
+        raise BuildError(f"--symlinks {symlinks}: choose {' or '.join(SYMLINKS)}")
     if not os.path.exists(root):
         raise BuildError(f"{root}: no such directory")
     if not os.path.isdir(root):
         raise BuildError(f"{root}: not a directory")
     real_root = os.path.realpath(root)
     files: list[SourceFile] = []
-    seen_dirs = {real_root}
 
     def inside(real: str) -> bool:
         return real == real_root or real.startswith(real_root + os.sep)
 
-    def visit(dir_path: str, rel: str) -> None:
+    def link_ok(path: str) -> bool:
+        real = os.path.realpath(path)
+        if not os.path.exists(real):
+            warn(f"{path}: broken symlink, skipped")
+        elif symlinks == "inside" and not inside(real):
+            warn(f"{path}: symlink points outside the site root ({real}), skipped (--symlinks inside)")
+        elif not os.access(real, os.R_OK | (os.X_OK if os.path.isdir(real) else 0)):
+            warn(f"{path}: symlink target {real} is not readable, skipped")
+        else:
+            return True
+        return False
+
+    def visit(dir_path: str, rel: str, ancestors: frozenset) -> None:
         try:
             names = sorted(os.listdir(dir_path))
         except OSError as e:
@@ -43,22 +63,14 @@ def walk(root: str, warn: Callable[[str], None]) -> list[SourceFile]:
         for name in names:
             path = os.path.join(dir_path, name)
             rel_name = f"{rel}/{name}" if rel else name
-            if os.path.islink(path):
-                real = os.path.realpath(path)
-                if not inside(real):
-                    warn(f"{path}: symlink points outside the site root, skipped")
-                    continue
-                if not os.path.exists(real):
-                    warn(f"{path}: broken symlink, skipped")
-                    continue
+            if os.path.islink(path) and not link_ok(path):
+                continue
             if os.path.isdir(path):
                 real = os.path.realpath(path)
-                if real in seen_dirs:
+                if real in ancestors:  # a cycle: this directory contains itself
                     warn(f"{path}: directory symlink loop, skipped")
                     continue
-                seen_dirs.add(real)
-                visit(path, rel_name)
-                seen_dirs.discard(real)
+                visit(path, rel_name, ancestors | {real})
             elif os.path.isfile(path):
                 if not os.access(path, os.R_OK):
                     raise BuildError(f"{path}: file is not readable")
@@ -66,7 +78,7 @@ def walk(root: str, warn: Callable[[str], None]) -> list[SourceFile]:
             else:
                 warn(f"{path}: not a regular file, skipped")
 
-    visit(root, "")
+    visit(root, "", frozenset((real_root,)))
     if not files:
         raise BuildError(f"{root}: the site directory has no files")
     return files

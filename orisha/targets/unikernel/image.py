@@ -159,7 +159,7 @@ def _routes(table: dict[bytes, tuple[str, str]], index: dict[str, int], data: _D
             records.append(ROUTE.pack(key=data.put(key), kind=ROUTE_ENTRY, entry=index[value],
                                       location=(0, 0), tail=(0, 0)))
         else:
-            r = Redirect(value.encode())
+            r = Redirect(*value)  # (location, status, query kept): orisha/embed/assemble.py
             records.append(ROUTE.pack(key=data.put(key), kind=ROUTE_REDIRECT, entry=0,
                                       location=data.put(r.location), tail=data.put(r.tail)))
     return records
