@@ -67,3 +67,21 @@ def client_context(pki: Pki, alpn=("h2", "http/1.1"), version: str | None = None
 def tls_connect(port: int, ctx: ssl.SSLContext, timeout: float = 10, session=None) -> ssl.SSLSocket:
     raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     return ctx.wrap_socket(raw, server_hostname="localhost", session=session)
+
+
+def serve(build: str, *args: str):
+    """`orisha serve` in a subprocess (conftest's ``Server``), its port read from an
+    ``https://`` or ``http://`` start-up line."""
+    import re
+
+    from conftest import Server
+    s = Server.__new__(Server)
+    s.proc = subprocess.Popen(Server.cmd(build, *args), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    s.line = s.proc.stdout.readline()
+    m = re.search(r"https?://([\d.]+):(\d+)/", s.line)
+    if not m:
+        s.proc.kill()
+        raise RuntimeError(f"server did not start: {s.line!r} {s.proc.stderr.read()}")
+    s.port = int(m.group(2))
+    return s

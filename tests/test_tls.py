@@ -1,0 +1,220 @@
+"""HTTPS on every hosted loop: TLS 1.3 and 1.2, ALPN, resumption, reload, hostile handshakes.
+
+Servers run ``orisha serve --tls-cert --tls-key`` with a certificate from a test
+CA made by the openssl CLI (tests/tlsutil.py); clients are curl, nghttp and
+Python's ssl over real loopback sockets. Test ids carry the loop name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+
+import pytest
+from conftest import DEMO, TEST_LIMITS, demo_file, orisha
+from httpraw import Conn
+from tlsutil import client_context, make_pki, serve, tls_connect
+
+HOSTED = ["epoll", "io-uring", "kqueue", "asyncio"]
+PAGES = ["/", "/css/site.css", "/docs/", "/docs/guide/getting-started", "/img/pixel.png",
+         "/files/big.txt", "/files/empty.txt", "/nope"]
+_servers: dict = {}
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.fixture(scope="session", params=HOSTED)
+def hosted(request):
+    return request.param
+
+
+def tls_server(builds, loop: str, pki, *extra: str):
+    key = (loop, extra)
+    if key not in _servers:
+        _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2",
+                              "--tls-cert", pki.chain, "--tls-key", pki.key, *TEST_LIMITS, *extra)
+    return _servers[key]
+
+
+@pytest.fixture(scope="session")
+def tls_port(builds, hosted, pki):
+    return tls_server(builds, hosted, pki).port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_servers():
+    yield
+    for s in _servers.values():
+        s.stop()
+
+
+def curl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "30", *args], capture_output=True,
+                          timeout=60)
+
+
+def test_curl_gets_every_page_over_h2_and_http11_byte_identical(tls_port, pki, tmp_path):
+    for version, flag in (("2", "--http2"), ("1.1", "--http1.1")):
+        args = [flag, "--cacert", pki.ca, "-w", "%{http_version} %{http_code}\\n"]
+        for i, path in enumerate(PAGES):
+            args += ["-o", str(tmp_path / f"{i}"), f"https://localhost:{tls_port}{path}"]
+        r = curl(*args)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.decode().split()
+        assert lines[0::2] == [version] * len(PAGES)
+        for i, path in enumerate(PAGES):
+            expect = demo_file("404.html") if path == "/nope" else \
+                demo_file({"/": "index.html", "/docs/": "docs/index.html",
+                           "/docs/guide/getting-started": "docs/guide/getting-started.html"}
+                          .get(path, path[1:]))
+            assert (tmp_path / f"{i}").read_bytes() == expect, (version, path)
+
+
+def test_nghttp_fetches_a_page_and_its_assets(tls_port, pki):
+    r = subprocess.run(["nghttp", "-n", "-s", "-a", f"https://localhost:{tls_port}/",
+                        f"https://localhost:{tls_port}/files/big.txt"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "/files/big.txt" in r.stdout and " 200 " in r.stdout
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+@pytest.mark.parametrize("alpn,expect", [(("h2", "http/1.1"), "h2"), (("http/1.1",), "http/1.1"),
+                                         ((), None)])
+def test_versions_and_alpn(tls_port, pki, version, alpn, expect):
+    s = tls_connect(tls_port, client_context(pki, alpn, version))
+    try:
+        assert s.version() == f"TLSv{version}"
+        assert s.selected_alpn_protocol() == expect
+        if expect != "h2":  # HTTP/1.1 inside TLS
+            s.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert data.endswith(demo_file("css/site.css"))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_session_resumption_across_workers(tls_port, pki, version):
+    ctx = client_context(pki, ("http/1.1",), version)
+    reused = []
+    session = None
+    for _ in range(6):  # two workers: resumption must work whichever accepts
+        s = tls_connect(tls_port, ctx, session=session)
+        s.sendall(b"GET /files/empty.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        while s.recv(65536):
+            pass
+        reused.append(s.session_reused)
+        session = s.session  # TLS 1.3 tickets arrive after the handshake: read first
+        s.close()
+    assert reused[0] is False and all(reused[1:]), reused
+
+
+def test_plain_http_on_the_tls_port_gets_a_clear_400(tls_port):
+    c = Conn(tls_port)
+    try:
+        r = c.request("/")
+        assert r.status == 400 and r.body == b"The plain HTTP request was sent to HTTPS port\n"
+        assert r.h("connection") == "close" and c.closed()
+    finally:
+        c.close()
+
+
+def test_a_silent_or_slow_handshake_is_dropped(tls_port):
+    """head-timeout is 2 s in the suite's servers: a handshake may take no longer."""
+    s = socket.create_connection(("127.0.0.1", tls_port), timeout=10)
+    s.sendall(b"\x16\x03\x01\x02\x00\x01")  # the first bytes of a ClientHello, then nothing
+    started = time.monotonic()
+    try:
+        assert s.recv(100) == b""
+    except ConnectionResetError:
+        pass
+    assert time.monotonic() - started < 8
+    s.close()
+
+
+@pytest.mark.parametrize("eof", [False, True])
+def test_a_truncated_record_ends_the_connection(tls_port, pki, eof):
+    s = tls_connect(tls_port, client_context(pki, ("http/1.1",)))
+    sock = socket.socket(fileno=os.dup(s.fileno()))  # raw bytes under the TLS session
+    sock.sendall(b"\x17\x03\x03\x40\x00" + b"\0" * 100)  # an application record cut short
+    if eof:
+        sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(10)
+    started = time.monotonic()
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    assert time.monotonic() - started < 8
+    sock.close()
+    s.close()
+
+
+@pytest.mark.parametrize("which", ["cert", "key", "pair", "missing"])
+def test_a_bad_certificate_or_key_is_one_line_naming_the_file(builds, pki, which):
+    cert, key = {"cert": (pki.key, pki.key), "key": (pki.cert, pki.cert),
+                 "pair": (pki.cert, pki.key2), "missing": (pki.cert, "/nonexistent.pem")}[which]
+    r = orisha("serve", builds["notfound"], "--port", "0", "--tls-cert", cert, "--tls-key", key,
+               timeout=30)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("orisha: error: ") and "Traceback" not in r.stderr
+    named = {"cert": pki.key, "key": pki.cert, "pair": pki.key2, "missing": "/nonexistent.pem"}
+    assert named[which] in lines[-1]
+
+
+def test_tls_min_13_refuses_tls_12(builds, pki):
+    s = tls_server(builds, "epoll", pki, "--tls-min", "1.3")
+    with pytest.raises(ssl.SSLError):
+        tls_connect(s.port, client_context(pki, version="1.2")).close()
+    c = tls_connect(s.port, client_context(pki))
+    assert c.version() == "TLSv1.3"
+    c.close()
+
+
+def test_sighup_loads_the_new_certificate_with_no_failed_request(builds, pki, tmp_path):
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    shutil.copy(pki.chain, cert)
+    shutil.copy(pki.key, key)
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "2", "--tls-cert", cert,
+              "--tls-key", key, *TEST_LIMITS)
+    try:
+        ctx = client_context(pki, ("http/1.1",))
+
+        def serial() -> int:
+            c = tls_connect(s.port, ctx)
+            c.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := c.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200 OK")
+            n = c.getpeercert()["serialNumber"]
+            c.close()
+            return n
+
+        before = serial()
+        shutil.copy(pki.cert2, cert)
+        shutil.copy(pki.key2, key)
+        s.proc.send_signal(signal.SIGHUP)
+        seen = set()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # every request succeeds throughout the reload
+            seen.add(serial())
+            if len(seen) == 2 or (seen and before not in seen):
+                break
+        assert seen - {before}, "the new certificate was never served"
+    finally:
+        assert s.stop() == 0
