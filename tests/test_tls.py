@@ -18,42 +18,11 @@ import time
 import pytest
 from conftest import DEMO, TEST_LIMITS, demo_file, orisha
 from httpraw import Conn
-from tlsutil import client_context, make_pki, serve, tls_connect
+from tlsutil import (_stop_servers, client_context, hosted, pki, serve, tls_connect,  # noqa: F401
+                     tls_port, tls_server)
 
-HOSTED = ["epoll", "io-uring", "kqueue", "asyncio"]
 PAGES = ["/", "/css/site.css", "/docs/", "/docs/guide/getting-started", "/img/pixel.png",
          "/files/big.txt", "/files/empty.txt", "/nope"]
-_servers: dict = {}
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory):
-    return make_pki(str(tmp_path_factory.mktemp("pki")))
-
-
-@pytest.fixture(scope="session", params=HOSTED)
-def hosted(request):
-    return request.param
-
-
-def tls_server(builds, loop: str, pki, *extra: str):
-    key = (loop, extra)
-    if key not in _servers:
-        _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2",
-                              "--tls-cert", pki.chain, "--tls-key", pki.key, *TEST_LIMITS, *extra)
-    return _servers[key]
-
-
-@pytest.fixture(scope="session")
-def tls_port(builds, hosted, pki):
-    return tls_server(builds, hosted, pki).port
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _stop_servers():
-    yield
-    for s in _servers.values():
-        s.stop()
 
 
 def curl(*args: str) -> subprocess.CompletedProcess:

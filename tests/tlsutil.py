@@ -85,3 +85,49 @@ def serve(build: str, *args: str):
         raise RuntimeError(f"server did not start: {s.line!r} {s.proc.stderr.read()}")
     s.port = int(m.group(2))
     return s
+
+
+# -- fixtures shared by test_tls.py, test_h2.py and test_h2_attacks.py ----------------------
+import pytest  # noqa: E402
+
+HOSTED = ["epoll", "io-uring", "kqueue", "asyncio"]
+_servers: dict = {}
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.fixture(scope="session", params=HOSTED)
+def hosted(request):
+    return request.param
+
+
+def tls_server(builds, loop: str, pki, *extra: str):
+    """A TLS server per (loop, extra options), kept for the session; ``pki=None``: cleartext."""
+    from conftest import TEST_LIMITS
+    key = (loop, pki is None, extra)
+    if key not in _servers:
+        tls = ["--tls-cert", pki.chain, "--tls-key", pki.key] if pki else []
+        _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2", *tls,
+                              *TEST_LIMITS, *extra)
+    return _servers[key]
+
+
+@pytest.fixture(scope="session")
+def tls_port(builds, hosted, pki):
+    return tls_server(builds, hosted, pki).port
+
+
+@pytest.fixture(scope="session")
+def h2c_port(builds, hosted):
+    return tls_server(builds, hosted, None).port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_servers():
+    yield
+    for s in _servers.values():
+        s.stop()
+    _servers.clear()

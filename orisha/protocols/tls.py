@@ -111,7 +111,8 @@ class TlsConnection:
     """One TLS connection; the loop-body contract of ``orisha/loops/base.py``."""
 
     __slots__ = ("app", "tls", "rbio", "wbio", "inner", "cipher", "cipher_bytes", "began",
-                 "since", "state", "refuse", "should_close", "shut_write", "notified", "region_pos")
+                 "since", "state", "refuse", "should_close", "shut_write", "notified", "region_pos",
+                 "fresh", "stopping")
     HANDSHAKE, OPEN, PLAIN = 0, 1, 2
 
     def __init__(self, app, ctx: ssl.SSLContext, now: float, peer: str, refuse: bool) -> None:
@@ -125,6 +126,8 @@ class TlsConnection:
         self.state = self.HANDSHAKE
         self.should_close = self.shut_write = self.notified = False
         self.region_pos = 0  # bytes of the inner connection's first FileRegion already encrypted
+        self.fresh = True  # no plaintext yet: the client's first request may be on its way
+        self.stopping = False  # a graceful stop waits for that first request (see ``shutdown``)
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -193,7 +196,13 @@ class TlsConnection:
             self._work(now)
 
     def shutdown(self, now: float) -> None:
-        if self.state == self.OPEN:
+        """Graceful stop. A connection still in its handshake, or past it with no request yet,
+        is not idle the way a kept-alive one is: the client paid for the handshake and its
+        first request is on its way, so that request is answered first (a reload must not
+        fail it); the head timeout and the loop's grace still bound the wait."""
+        if self.state == self.HANDSHAKE or (self.state == self.OPEN and self.fresh):
+            self.stopping = True
+        elif self.state == self.OPEN:
             self.inner.shutdown(now)
             self._work(now)
         elif not self.cipher:
@@ -258,6 +267,10 @@ class TlsConnection:
                 self.should_close = not self.cipher
                 return
             inner.receive(data, now)
+            if self.fresh:
+                self.fresh = False
+                if self.stopping:  # answer this first request, then the stop proceeds
+                    inner.shutdown(now)
             if not data:
                 self._encrypt(now)
                 break
