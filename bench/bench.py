@@ -5,9 +5,15 @@ image) with Orisha, export Orisha's own variants as files for nginx
 (gzip_static + brotli_static), verify both servers send byte-identical bodies,
 then drive each with wrk in interleaved A/B rounds: 200 connections,
 Accept-Encoding: gzip. With one worker the server is pinned to CPU 0 and wrk to
-CPU 1. An open-loop run (h2load at a fixed rate, 80% of nginx's measured
-maximum, per-request latencies from its log) compares p99 under the same
-offered load. Medians per cell; a Markdown table of ratios and a PNG plot.
+CPU 1. Each Orisha loop runs twice: its compiled body (setup.py) and, with
+ORISHA_PURE=1, its pure-Python one; bench/floor.py (a Python epoll loop that
+sends one constant per request) is the floor line. Per run: req/s, p50/p99,
+the server's CPU time per request (utime+stime of all its processes, from
+/proc, over the timed run) and the load generator's CPU busy fraction (wrk's
+rusage / wall time: near 1.0 means wrk, not the server, was the limit). An
+open-loop run (h2load at a fixed rate, 80% of nginx's measured maximum,
+per-request latencies from its log) compares p99 under the same offered load.
+Medians per cell; a Markdown table of ratios and a PNG of ratios to nginx.
 
     ./dev bench            # or: .venv/bin/python bench/bench.py [--quick]
 """
@@ -36,6 +42,8 @@ sys.path.insert(0, ROOT)
 from orisha.server import load_site  # noqa: E402
 
 DOCS = {"1 KB html": "/doc-1k.html", "13 KB html": "/doc-13k.html", "1 MB jpg": "/file-1m.jpg"}
+# The floor (bench/floor.py) sends its constant with one send: small documents only.
+FLOOR_DOCS = ("1 KB html", "13 KB html")
 
 
 def make_site(path: str) -> None:
@@ -125,20 +133,45 @@ class Proc:
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(self.p.pid, signal.SIGKILL)
 
+    def cpu(self) -> float:
+        """Seconds of CPU (user + system) used so far by every process of this server
+        (its session: the supervisor or master and all its workers, threads included)."""
+        ticks = 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # exited while listing
+                continue
+            if int(fields[3]) == self.p.pid:  # field 6, session id (fields[0] is field 3)
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
 
 def fetch(port: int, path: str, encoding: str = "gzip") -> bytes:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Accept-Encoding": encoding})
     with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200, f"{port}{path}: {r.status}"
         return r.read()
 
 
-def wrk(port: int, path: str, seconds: float, cpus: str | None, conns: int = 200) -> dict:
+def wrk(port: int, path: str, seconds: float, cpus: str | None, conns: int = 200,
+        server: Proc | None = None) -> dict:
     cmd = ["wrk", "-t1" if cpus else "-t2", f"-c{conns}", f"-d{seconds:g}s", "--latency",
            "-H", "Accept-Encoding: gzip", f"http://127.0.0.1:{port}{path}"]
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    before = server.cpu() if server else 0.0
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = p.stdout.read()
+    _, _, usage = os.wait4(p.pid, 0)
+    wall = time.monotonic() - start
+    server_cpu = (server.cpu() - before) if server else 0.0
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    total = int(re.search(r"(\d+) requests in", out).group(1))
 
     def ms(label):
         m = re.search(rf"\s{label}%\s+([\d.]+)(us|ms|s)\b", out)
@@ -146,7 +179,10 @@ def wrk(port: int, path: str, seconds: float, cpus: str | None, conns: int = 200
         return v / 1000 if m.group(2) == "us" else v * 1000 if m.group(2) == "s" else v
 
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
-    return {"rps": rps, "p50": ms("50"), "p99": ms("99"), "errors": errors.group(0) if errors else ""}
+    return {"rps": rps, "p50": ms("50"), "p99": ms("99"), "errors": errors.group(0) if errors else "",
+            # server CPU per request (µs) and the load generator's busy fraction
+            "cpu_us": server_cpu / max(total, 1) * 1e6,
+            "wrk_busy": (usage.ru_utime + usage.ru_stime) / wall}
 
 
 def h2load(port: int, path: str, rate: float, seconds: float, cpus: str | None, tmp: str) -> dict:
@@ -169,8 +205,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 round of 3 s (a smoke run, not a result)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
-    ap.add_argument("--loops", default="epoll,io-uring,asyncio")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--loops", default="epoll,io-uring",
+                    help="Orisha loops; each runs compiled and pure (ORISHA_PURE=1)")
+    ap.add_argument("--peers", default="floor", help="also: aiohttp (comma-separated; '' for none)")
+    ap.add_argument("--workers", default="1", help="worker counts to run, e.g. 1,2")
+    ap.add_argument("--open-loop", action="store_true", help="also the h2load fixed-rate run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 3
@@ -187,8 +227,13 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     results: dict = {}
 
+    floor_body = os.path.join(tmp, "floor-body")
+
     def start(server: str, workers: int, cpus: str | None) -> Proc:
         port = free_port()
+        if server == "floor":
+            return Proc(server, [sys.executable, os.path.join(HERE, "floor.py"), str(port), floor_body],
+                        port, cpus)
         if server == "nginx":
             d = tempfile.mkdtemp(dir=tmp)
             conf = os.path.join(d, "nginx.conf")
@@ -196,29 +241,44 @@ def main() -> None:
             return Proc(server, ["nginx", "-c", conf, "-e", os.path.join(d, "error.log")], port, cpus)
         if server == "aiohttp":
             return Proc(server, [sys.executable, os.path.join(HERE, "peer_aiohttp.py"), root, str(port)], port, cpus)
-        loop = server.split(":")[1]
+        _, loop, *pure = server.split(":")
+        env = {**os.environ, "ORISHA_PURE": "1" if pure else ""}
         return Proc(server, [sys.executable, "-m", "orisha.cli", "serve", build, "--port", str(port),
-                             "--workers", str(workers), "--loop", loop], port, cpus)
+                             "--workers", str(workers), "--loop", loop], port, cpus, env=env)
 
-    servers = ["nginx"] + [f"orisha:{l}" for l in loops] + ["aiohttp"]
-    for workers in (1, ncpu):
+    peers = [p for p in args.peers.split(",") if p]
+    servers = (["nginx"] + [f"orisha:{l}{v}" for l in loops for v in ("", ":pure")]
+               + [p for p in peers if p != "floor"])
+    for workers in [int(w) for w in args.workers.split(",")]:
+        if "floor" in peers and workers == 1:  # one process: the floor is a single-worker line
+            servers_now = servers + ["floor"]
+        else:
+            servers_now = servers
         cpus_server, cpus_load = ("0", "1") if workers == 1 else (None, None)
-        procs = {s: start(s, workers, cpus_server) for s in servers}
+        procs = {}
         try:
-            for label, path in DOCS.items():  # verify bytes before timing anything
+            procs = {s: start(s, workers, cpus_server) for s in servers_now if s != "floor"}
+            for label, path in DOCS.items():
                 ref = fetch(procs["orisha:" + loops[0]].port, path)
                 for s, p in procs.items():
                     assert fetch(p.port, path) == ref, f"{s} sends different bytes for {path}"
                     assert fetch(p.port, path, "br") == fetch(procs["nginx"].port, path, "br")
             for label, path in DOCS.items():
+                if "floor" in servers_now and label in FLOOR_DOCS:  # the floor sends this doc's bytes
+                    open(floor_body, "wb").write(fetch(procs["nginx"].port, path))
+                    procs["floor"] = start("floor", 1, cpus_server)
+                cell = [s for s in servers_now if s in procs]
                 for rnd in range(args.rounds):
-                    order = servers[:] if rnd % 2 == 0 else servers[::-1]  # interleaved A/B
+                    order = cell[:] if rnd % 2 == 0 else cell[::-1]  # interleaved A/B
                     for s in order:
-                        r = wrk(procs[s].port, path, args.seconds, cpus_load)
+                        r = wrk(procs[s].port, path, args.seconds, cpus_load, server=procs[s])
                         results.setdefault(f"{workers}|{label}|{s}", []).append(r)
-                        print(f"workers={workers} {label:10} {s:16} {r['rps']:>10,.0f} req/s "
-                              f"p50 {r['p50']:.2f} ms p99 {r['p99']:.2f} ms {r['errors']}", flush=True)
-            if workers == 1 and shutil.which("h2load"):
+                        print(f"workers={workers} {label:10} {s:20} {r['rps']:>9,.0f} req/s "
+                              f"p50 {r['p50']:.2f} ms p99 {r['p99']:.2f} ms cpu {r['cpu_us']:6.1f} µs/req "
+                              f"wrk busy {r['wrk_busy']:.2f} {r['errors']}", flush=True)
+                if "floor" in procs:
+                    procs.pop("floor").stop()
+            if workers == 1 and args.open_loop and shutil.which("h2load"):
                 path = DOCS["1 KB html"]
                 nginx_max = statistics.median(r["rps"] for r in results["1|1 KB html|nginx"])
                 rate = 0.8 * nginx_max
@@ -242,12 +302,17 @@ def med(rs: list[dict], k: str) -> float:
 
 
 def report(results: dict, servers: list[str], args, ncpu: int) -> None:
+    servers = servers + ["floor"]
     cells = sorted({k.rsplit("|", 1)[0] for k in results}, key=lambda c: (c.split("|")[0] == "open", c))
-    lines = [f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {ncpu} cores, "
-             f"{args.rounds} interleaved rounds of {args.seconds:g} s, wrk -c200, Accept-Encoding: gzip; "
-             "medians. Ratio = Orisha / nginx.", "",
-             "| workers | document | server | req/s | p50 ms | p99 ms | req/s ratio | p99 ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {ncpu} cores shared with other "
+             f"work (noisy), {args.rounds} interleaved rounds of {args.seconds:g} s, wrk -c200, "
+             "Accept-Encoding: gzip; medians. One worker: server on CPU 0, wrk on CPU 1. "
+             "CPU µs/req = utime+stime of all the server's processes over the run / requests. "
+             "Ratios are to nginx (CPU: lower is better). `:pure` = ORISHA_PURE=1; floor = "
+             "bench/floor.py.", "",
+             "| workers | document | server | req/s | p50 ms | p99 ms | CPU µs/req | wrk busy "
+             "| req/s ratio | CPU ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         w, doc = cell.split("|")
         base = results.get(f"{cell}|nginx")
@@ -256,13 +321,23 @@ def report(results: dict, servers: list[str], args, ncpu: int) -> None:
             if not rs:
                 continue
             rps, p50, p99 = med(rs, "rps"), med(rs, "p50"), med(rs, "p99")
+            cpu = f"{med(rs, 'cpu_us'):.1f}" if "cpu_us" in rs[0] else ""
+            busy = f"{med(rs, 'wrk_busy'):.2f}" if "wrk_busy" in rs[0] else ""
             ratio = f"{rps / med(base, 'rps'):.2f}×" if base and s != "nginx" else ""
-            p99r = f"{p99 / med(base, 'p99'):.2f}×" if base and s != "nginx" else ""
-            lines.append(f"| {w} | {doc} | {s} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {ratio} | {p99r} |")
+            cpur = (f"{med(rs, 'cpu_us') / med(base, 'cpu_us'):.2f}×"
+                    if base and s != "nginx" and cpu and med(base, "cpu_us") else "")
+            lines.append(f"| {w} | {doc} | {s} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {cpu} | {busy} "
+                         f"| {ratio} | {cpur} |")
     table = "\n".join(lines)
     print("\n" + table)
+    os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "results.md"), "w").write(table + "\n")
     json.dump(results, open(os.path.join(args.out, "results.json"), "w"), indent=1)
+    plot(results, servers, cells, args.out)
+
+
+def plot(results: dict, servers: list[str], cells: list[str], out: str) -> None:
+    """Two panels, req/s and CPU per request, each as a ratio to nginx (the 1.0 line)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -270,20 +345,25 @@ def report(results: dict, servers: list[str], args, ncpu: int) -> None:
     except ImportError:
         print("matplotlib missing: no plot")
         return
-    closed = [c for c in cells if not c.startswith("open")]
-    fig, ax = plt.subplots(figsize=(11, 5))
-    width = 0.8 / len(servers)
-    for i, s in enumerate(servers):
-        ys = [med(results[f"{c}|{s}"], "rps") if f"{c}|{s}" in results else 0 for c in closed]
-        ax.bar([x + i * width for x in range(len(closed))], ys, width, label=s)
-    ax.set_xticks([x + width * (len(servers) - 1) / 2 for x in range(len(closed))])
-    ax.set_xticklabels([c.replace("|", " worker(s)\n") for c in closed], fontsize=8)
-    ax.set_ylabel("requests/s (median)")
-    ax.set_title("Orisha vs nginx, same machine, same bytes")
-    ax.legend(fontsize=8)
+    closed = [c for c in cells if not c.startswith("open") and f"{c}|nginx" in results]
+    others = [s for s in servers if s != "nginx" and any(f"{c}|{s}" in results for c in closed)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    width = 0.8 / max(len(others), 1)
+    for ax, key, title in ((axes[0], "rps", "requests/s ÷ nginx (higher is better)"),
+                           (axes[1], "cpu_us", "server CPU per request ÷ nginx (lower is better)")):
+        for i, s in enumerate(others):
+            ys = [med(results[f"{c}|{s}"], key) / med(results[f"{c}|nginx"], key)
+                  if f"{c}|{s}" in results else 0 for c in closed]
+            ax.bar([x + i * width for x in range(len(closed))], ys, width, label=s)
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xticks([x + width * (len(others) - 1) / 2 for x in range(len(closed))])
+        ax.set_xticklabels([c.replace("|", " worker(s)\n") for c in closed], fontsize=8)
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Orisha vs nginx, same machine, same bytes (medians of interleaved rounds)")
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "results.png"), dpi=110)
-    print(f"wrote {args.out}/results.md, results.json, results.png")
+    fig.savefig(os.path.join(out, "results.png"), dpi=110)
+    print(f"wrote {out}/results.md, results.json, results.png")
 
 
 if __name__ == "__main__":
