@@ -20,7 +20,9 @@ import pytest
 from conftest import DEMO, demo_file
 from h2util import (DATA, GOAWAY, HEADERS, PREFACE, H2Client, frame, goaway_code, read_frames,
                     settings)
-from httpraw import split_responses
+from httpraw import Conn, split_responses
+from tlsutil import (_stop_servers, client_context, h2c_port, hosted, pki, tls_connect,  # noqa: F401
+                     tls_port, tls_server)
 
 from orisha.core.connection import App
 from orisha.core.policy import Limits
@@ -188,3 +190,85 @@ def test_h2_ignores_the_plain_path_and_http1_is_untouched(site):
     conn = app.connect(NOW, "-")
     conn.receive(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n", NOW)  # not the preface: HTTP/1.1 decides
     assert type(conn).__name__ == "Http1"
+
+
+# -- real servers, per loop body, over TLS (ALPN h2) and h2c ----------------------------------
+
+def h2_client(proto: str, port: int, pki) -> H2Client:
+    if proto == "tls":
+        s = tls_connect(port, client_context(pki, ("h2",)))
+        assert s.selected_alpn_protocol() == "h2"
+        return H2Client(s)
+    return H2Client(socket.create_connection(("127.0.0.1", port), timeout=10))
+
+
+@pytest.fixture(params=["tls", "h2c"])
+def proto(request):
+    return request.param
+
+
+def http11(port: int, method: str, path: str, headers: dict) -> tuple[int, dict, bytes]:
+    c = Conn(port)
+    try:
+        r = c.request(path, method=method, headers={"Host": "localhost", **headers})
+        hs = dict(r.headers)
+        return r.status, hs, r.body
+    finally:
+        c.close()
+
+
+def test_h2_answers_equal_http11_on_every_loop(proto, tls_port, h2c_port, pki):
+    client = h2_client(proto, tls_port if proto == "tls" else h2c_port, pki)
+    try:
+        etag = client.get("/").h("etag")
+        cases = CASES + [("GET", "/", {"if-none-match": etag}),
+                         ("HEAD", "/files/big.txt", {"range": "bytes=0-0"})]
+        got = client.fetch(cases, scheme="https" if proto == "tls" else "http")
+    finally:
+        client.close()
+    for (method, path, headers), r in zip(cases, got):
+        status, hs, body = http11(h2c_port, method, path, headers)
+        for h in ("date", "connection"):
+            hs.pop(h, None)
+            r.headers.pop(h, None)
+        assert (r.status, r.headers, r.body) == (status, hs, body), (method, path, headers)
+
+
+def test_many_concurrent_streams_on_one_connection(proto, tls_port, h2c_port, pki):
+    client = h2_client(proto, tls_port if proto == "tls" else h2c_port, pki)
+    try:
+        paths = ["/", "/css/site.css", "/nope", "/docs/", "/img/pixel.png"] * 20
+        paths[3] = "/files/big.txt"
+        for _ in range(3):  # 300 streams, 100 at a time (the advertised limit)
+            got = client.fetch([("GET", p, {}) for p in paths])
+            assert all(r.reset is None for r in got)
+            assert [r.status for r in got] == [200, 200, 404, 200, 200] * 20
+            assert got[3].body == demo_file("files/big.txt")
+            assert got[8].body == demo_file("docs/index.html")
+    finally:
+        client.close()
+
+
+def test_curl_and_nghttp_speak_h2c_with_prior_knowledge(h2c_port, tmp_path):
+    out = tmp_path / "big"
+    r = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-o", str(out), "-w",
+                        "%{http_version} %{http_code}", f"http://127.0.0.1:{h2c_port}/files/big.txt"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout == "2 200", r.stderr
+    assert out.read_bytes() == demo_file("files/big.txt")
+    r = subprocess.run(["nghttp", "-n", "-s", "-a", f"http://127.0.0.1:{h2c_port}/"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and " 200 " in r.stdout, r.stdout + r.stderr
+
+
+def test_graceful_stop_sends_goaway_over_a_real_socket(builds, pki):
+    s = tls_server(builds, "epoll", pki, "--grace", "5")
+    sock = tls_connect(s.port, client_context(pki, ("h2",)))
+    client = H2Client(sock)
+    assert client.get("/").status == 200
+    s.stop()
+    sock.settimeout(10)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    assert goaway_code(data) == 0
