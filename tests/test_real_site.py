@@ -33,11 +33,11 @@ def real_build(tmp_path_factory):
     return out
 
 
-def site_files():
+def site_files(root: str = REAL):
     out = []
-    for dirpath, _, names in os.walk(REAL):
+    for dirpath, _, names in os.walk(root):
         for n in names:
-            out.append(os.path.relpath(os.path.join(dirpath, n), REAL))
+            out.append(os.path.relpath(os.path.join(dirpath, n), root))
     return sorted(out)
 
 
@@ -53,14 +53,14 @@ def test_real_site_byte_identical_in_every_encoding(real_build, loop):
         s.stop()
 
 
-def check_every_file(port: int, site) -> None:
-    """Every file of REAL from the server on ``port``, in every variant ``site`` has
+def check_every_file(port: int, site, root: str = REAL) -> None:
+    """Every file of ``root`` (REAL) from the server on ``port``, in every variant ``site`` has
     (tests/test_container.py runs this against the container too)."""
-    files = site_files()
+    files = site_files(root)
     c = Conn(port)
     checked = {b"identity": 0, b"gzip": 0, b"br": 0, b"zstd": 0}
     for rel in files:
-        data = open(os.path.join(REAL, rel), "rb").read()
+        data = open(os.path.join(root, rel), "rb").read()
         path = "/" + rel
         entry = site.routes[path.encode()]
         for v in entry.variants:

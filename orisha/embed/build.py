@@ -142,7 +142,7 @@ def _check_unikernel(redirect_rules: list) -> None:
             raise BuildError(f"{r.where}: this rule needs run-time matching (splat, placeholder or "
                              "query condition), which the unikernel's C core does not do yet; "
                              "use a hosted loop, or exact paths")
-        if r.status in rules.REDIRECT_STATUSES and "?" in r.to:
+        if r.status in rules.REDIRECT_STATUSES and not r.keeps_query:
             raise BuildError(f"{r.where}: a destination with its own query needs the request's "
                              "query dropped, which the unikernel's C core does not do yet")
 
@@ -211,7 +211,7 @@ class _Documents:
                     entries[key] = self.id(rel, "404 Not Found", self.headers(path, rel))
             self._rules[id(r)] = emit.CompiledRule(
                 r.regex.pattern.encode("utf-8", "surrogateescape"), r.conditions(), r.pieces(),
-                r.status, "?" not in r.to, entries)
+                r.status, r.keeps_query, entries)
         return self._rules[id(r)]
 
 

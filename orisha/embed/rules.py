@@ -27,7 +27,8 @@ earlier blocks set. Fields that frame or validate a response are the server's
 and refused.
 
 Paths match exactly (a trailing slash counts). Redirects pass the request's
-query on (Netlify) unless the destination has its own. Not supported, each a
+query on (Netlify) unless the destination has its own or the rule has query
+conditions. Not supported, each a
 one-line error: proxying (a 200 rule to another site), host-specific rules,
 country/language/role/cookie conditions.
 """
@@ -94,6 +95,12 @@ class RedirectRule:
     names: tuple[str, ...] = ()
 
     @property
+    def keeps_query(self) -> bool:
+        """A redirect passes the request's query on (Netlify) unless the destination has its
+        own or the rule matched on it (then the destination says what to keep: ``?id=:id``)."""
+        return "?" not in self.to and not self.query
+
+    @property
     def exact(self) -> bool:
         """No placeholder, splat or query condition: it fits in the route table."""
         return not self.names and not self.query
@@ -131,6 +138,10 @@ def redirect_line(line: str, where: str) -> RedirectRule | None:
     if not line or line.startswith("#"):
         return None
     tokens = line.split()
+    for i, token in enumerate(tokens):  # a word starting with "#" starts a comment
+        if token.startswith("#"):
+            del tokens[i:]
+            break
     source = _path(tokens[0], where, "rules")
     i, query = 1, []
     while i < len(tokens) and "=" in tokens[i] and not tokens[i].startswith(("/", "http://", "https://")):
@@ -282,7 +293,7 @@ def _answer(rule: RedirectRule, bound: dict[str, str], table: dict) -> tuple:
     """What ``rule`` answers for a known path: a route-table value."""
     to = rule.location(bound)
     if rule.status in REDIRECT_STATUSES:
-        return "redirect", (to.encode(), rule.status, "?" not in rule.to)
+        return "redirect", (to.encode(), rule.status, rule.keeps_query)
     target = _lookup(table, to)
     if target is None or (rule.status == 404 and target[0] != "doc"):
         raise BuildError(f"{rule.where}: {to} is not a document of the site")

@@ -1,0 +1,84 @@
+"""Debian's HTML documentation, whose scripts are symlinks out of its root, served whole.
+
+Debian's ``dh_sphinxdoc`` replaces each Sphinx build's ``_static/jquery.js``,
+``underscore.js``, ``doctools.js``… with symlinks into
+``/usr/share/javascript/`` (issue 13). ``python-panoramisk-doc`` (28 files,
+~0.5 MB) is such a tree. Built with the default ``--symlinks follow`` every
+file is served byte-identical in every encoding, and headless Chromium loads
+its pages with no failed request, no 4xx/5xx and no script error; built with
+``--symlinks inside`` the scripts are missing and the browser check says so
+(the failure this test guards against). ``./dev test`` installs both packages.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from browser import chromium, load_pages
+from conftest import LOOPS, Server, orisha
+from test_real_site import check_every_file, site_files
+
+from orisha.server import load_site
+
+DOCS = "/usr/share/doc/python-panoramisk-doc/html"
+PAGES = ["index.html", "manager.html", "actions.html", "fast_agi.html", "genindex.html", "search.html"]
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(DOCS),
+                                reason="apt-get install python-panoramisk-doc (./dev test does)")
+needs_browser = pytest.mark.skipif(chromium() is None, reason="apt-get install chromium (./dev test does)")
+
+
+def _build(tmp_path_factory, *opts: str) -> str:
+    out = str(tmp_path_factory.mktemp("docs") / "out")
+    r = orisha("build", DOCS, "-o", out, *opts)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def docs_build(tmp_path_factory):
+    return _build(tmp_path_factory)
+
+
+def test_the_tree_links_its_scripts_out_of_its_root():
+    links = {rel for rel in site_files(DOCS) if os.path.islink(os.path.join(DOCS, rel))}
+    assert "_static/jquery.js" in links and "_static/underscore.js" in links
+    real = os.path.realpath(os.path.join(DOCS, "_static/jquery.js"))
+    assert real.startswith("/usr/share/javascript/")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_every_file_byte_identical_in_every_encoding(docs_build, loop):
+    site = load_site(docs_build)
+    s = Server(docs_build, "--loop", loop, "--workers", "2")
+    try:
+        check_every_file(s.port, site, DOCS)
+    finally:
+        s.stop()
+
+
+@needs_browser
+def test_browser_loads_pages_without_errors(docs_build):
+    s = Server(docs_build, "--loop", "epoll", "--workers", "2")
+    try:
+        # The front page shows CI badges from other hosts: this machine has no network.
+        results = load_pages([f"http://127.0.0.1:{s.port}/{p}" for p in PAGES], timeout=20,
+                             same_origin=True)
+    finally:
+        s.stop()
+    assert [r.url.rsplit("/", 1)[1] for r in results if r.loaded] == PAGES
+    assert [p for r in results for p in r.problems] == []
+
+
+@needs_browser
+def test_without_the_links_the_browser_sees_the_missing_scripts(tmp_path_factory):
+    inside = _build(tmp_path_factory, "--symlinks", "inside")
+    s = Server(inside, "--loop", "epoll", "--workers", "1")
+    try:
+        r, = load_pages([f"http://127.0.0.1:{s.port}/manager.html"], timeout=20, same_origin=True)
+    finally:
+        s.stop()
+    assert r.loaded
+    assert any(p.endswith("/_static/jquery.js") and p.startswith("404 ") for p in r.bad_responses)
+    assert any("/_static/underscore.js" in p for p in r.failed_requests)
