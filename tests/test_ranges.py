@@ -14,6 +14,8 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import DEMO, Server, demo_file, orisha
 from httpraw import Conn, exchange, split_responses
 
@@ -220,3 +222,51 @@ def test_accept_ranges_only_on_identity_variants(port):
     for enc, ranges in (("identity", "bytes"), ("gzip", None), ("br", None), ("zstd", None)):
         r = get(port, BIG, accept_encoding=enc)
         assert r.status == 200 and r.h("accept-ranges") == ranges, enc
+
+
+# -- the core, without sockets: the exact plan, and any header -----------------------------------
+
+def _site(body: bytes):
+    from orisha.core.site import Entry, Site, Variant
+    fields = b'Content-Type: text/plain\r\nETag: "t"\r\nAccept-Ranges: bytes\r\n'
+    entry = Entry((Variant(b"identity", b'"t"', fields, b'ETag: "t"\r\n', body),), 0)
+    return Site({b"/f": entry}, entry, None, "", "epoll", (), b"BOUNDARY")
+
+
+def test_multipart_plan_bytes():
+    """The exact plan the C core is to produce (see the report to the lead)."""
+    from orisha.core.connection import answer
+    from orisha.core.policy import Limits
+    site = _site(bytes(range(256)) * 4)
+    plan = answer(site, site.routes, Limits(), b"GET /f HTTP/1.1\r\nHost: x\r\nRange: bytes=1000-1001,0-1")
+    body = (b"--BOUNDARY\r\nContent-Type: text/plain\r\nContent-Range: bytes 0-1/1024\r\n\r\n\x00\x01"
+            b"\r\n--BOUNDARY\r\nContent-Type: text/plain\r\nContent-Range: bytes 1000-1001/1024\r\n\r\n"
+            b"\xe8\xe9\r\n--BOUNDARY--\r\n")
+    assert plan.head == (b"HTTP/1.1 206 Partial Content\r\n"
+                         b"Content-Type: multipart/byteranges; boundary=BOUNDARY\r\n"
+                         b"Content-Length: %d\r\n" % len(body) + b'ETag: "t"\r\nAccept-Ranges: bytes\r\n')
+    assert plan.body == body and plan.status == 206
+
+
+_spec = st.one_of(
+    st.tuples(st.integers(0, 3000), st.one_of(st.none(), st.integers(0, 3000))).map(
+        lambda t: f"{t[0]}-{'' if t[1] is None else t[1]}"),
+    st.integers(0, 3000).map(lambda n: f"-{n}"),
+    st.sampled_from(["", " ", "x", "-", "1-2-3", "0x10-", "+1-2"]))
+_header = st.one_of(
+    st.lists(_spec, min_size=2, max_size=24).map(lambda xs: "bytes=" + ",".join(xs)),
+    st.text(max_size=60).map(lambda t: "bytes=" + t))
+
+@settings(max_examples=300, deadline=None)
+@given(_header, st.integers(0, 2500))
+def test_range_set_any_header(header, length):
+    """Any header: None, False, or sorted, disjoint, non-adjacent ranges inside the document."""
+    from orisha.core.ranges import MAX_PARTS, range_set
+    r = range_set(header.encode("utf-8"), length)
+    assert r is None or r is False or isinstance(r, list)
+    if isinstance(r, list):
+        assert 1 <= len(r) <= MAX_PARTS
+        for first, last in r:
+            assert 0 <= first <= last < length
+        for (_, a), (b, _) in zip(r, r[1:]):
+            assert b > a + 1

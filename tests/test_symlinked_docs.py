@@ -24,7 +24,7 @@ from orisha.server import load_site
 DOCS = "/usr/share/doc/python-panoramisk-doc/html"
 PAGES = ["index.html", "manager.html", "actions.html", "fast_agi.html", "genindex.html", "search.html"]
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(DOCS),
+needs_docs = pytest.mark.skipif(not os.path.isdir(DOCS),
                                 reason="apt-get install python-panoramisk-doc (./dev test does)")
 needs_browser = pytest.mark.skipif(chromium() is None, reason="apt-get install chromium (./dev test does)")
 
@@ -41,6 +41,7 @@ def docs_build(tmp_path_factory):
     return _build(tmp_path_factory)
 
 
+@needs_docs
 def test_the_tree_links_its_scripts_out_of_its_root():
     links = {rel for rel in site_files(DOCS) if os.path.islink(os.path.join(DOCS, rel))}
     assert "_static/jquery.js" in links and "_static/underscore.js" in links
@@ -48,6 +49,7 @@ def test_the_tree_links_its_scripts_out_of_its_root():
     assert real.startswith("/usr/share/javascript/")
 
 
+@needs_docs
 @pytest.mark.parametrize("loop", LOOPS)
 def test_every_file_byte_identical_in_every_encoding(docs_build, loop):
     site = load_site(docs_build)
@@ -58,6 +60,7 @@ def test_every_file_byte_identical_in_every_encoding(docs_build, loop):
         s.stop()
 
 
+@needs_docs
 @needs_browser
 def test_browser_loads_pages_without_errors(docs_build):
     s = Server(docs_build, "--loop", "epoll", "--workers", "2")
@@ -71,6 +74,7 @@ def test_browser_loads_pages_without_errors(docs_build):
     assert [p for r in results for p in r.problems] == []
 
 
+@needs_docs
 @needs_browser
 def test_without_the_links_the_browser_sees_the_missing_scripts(tmp_path_factory):
     inside = _build(tmp_path_factory, "--symlinks", "inside")
@@ -82,3 +86,48 @@ def test_without_the_links_the_browser_sees_the_missing_scripts(tmp_path_factory
     assert r.loaded
     assert any(p.endswith("/_static/jquery.js") and p.startswith("404 ") for p in r.bad_responses)
     assert any("/_static/underscore.js" in p for p in r.failed_requests)
+
+
+# -- the walk itself ---------------------------------------------------------------------------
+
+def test_links_are_followed_wherever_they_point_and_the_walk_ends(tmp_path):
+    site, elsewhere = tmp_path / "s", tmp_path / "elsewhere"
+    (site / "d").mkdir(parents=True)
+    (elsewhere / "lib").mkdir(parents=True)
+    (site / "index.html").write_text("<p>home")
+    (elsewhere / "lib" / "app.js").write_text("let x = 1;")
+    (elsewhere / "one.css").write_text("p{}")
+    os.symlink(elsewhere / "one.css", site / "one.css")            # a file outside
+    os.symlink(elsewhere / "lib", site / "lib")                     # a directory outside
+    os.symlink(site, elsewhere / "lib" / "back")                    # ...that leads back: a cycle
+    os.symlink(site / "d", site / "d" / "self")                     # a directory inside itself
+    os.symlink(tmp_path / "gone", site / "broken.txt")
+    out = tmp_path / "o"
+    r = orisha("build", str(site), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    warnings = r.stderr.strip().splitlines()
+    assert all(w.startswith("orisha: warning: ") for w in warnings)
+    assert any("broken.txt: broken symlink, skipped" in w for w in warnings)
+    assert any("lib/back: directory symlink loop, skipped" in w for w in warnings)
+    assert any("d/self: directory symlink loop, skipped" in w for w in warnings)
+    routes = load_site(str(out)).routes
+    assert bytes(routes[b"/one.css"].identity.body) == b"p{}"
+    assert bytes(routes[b"/lib/app.js"].identity.body) == b"let x = 1;"
+    assert b"/broken.txt" not in routes
+    r = orisha("build", str(site), "-o", str(tmp_path / "o2"), "--symlinks", "inside")
+    assert r.returncode == 0 and "one.css: symlink points outside the site root" in r.stderr
+    assert b"/one.css" not in load_site(str(tmp_path / "o2")).routes
+
+
+def test_unreadable_link_target_is_skipped_with_a_warning(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file")
+    site = tmp_path / "s"
+    site.mkdir()
+    (site / "index.html").write_text("x")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("no")
+    secret.chmod(0)
+    os.symlink(secret, site / "secret.txt")
+    r = orisha("build", str(site), "-o", str(tmp_path / "o"))
+    assert r.returncode == 0 and "secret.txt is not readable, skipped" in r.stderr
