@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -87,10 +88,10 @@ def _first_response(port: int, deadline: float) -> None:
 
 
 class Container:
-    def __init__(self, tag: str, args: list[str], user: str = "65534") -> None:
+    def __init__(self, tag: str, args: list[str], user: str = "65534", run_args=()) -> None:
         started = time.monotonic()
         self.container = docker("run", "-d", "--rm", "-p", "127.0.0.1:0:8080", "--user", user,
-                                tag, *args).stdout.strip()
+                                *run_args, tag, *args).stdout.strip()
         try:
             out = docker("port", self.container, "8080/tcp").stdout.split()
             self.port = int(out[0].rsplit(":", 1)[1])
@@ -123,6 +124,36 @@ class Container:
 
     def kill(self) -> None:
         docker("rm", "-f", self.container, check=False)
+
+
+def pod_constraints() -> tuple[str, list[str]]:
+    """(user, docker run options) that impose what deploy/kubernetes/deployment.yaml asks of
+    the pod: its user, read-only root, the /tmp volume, no capabilities or privilege
+    escalation, its CPU and memory limits, and the worker count it derives from them."""
+    import yaml
+    with open(os.path.join(ROOT, "deploy", "kubernetes", "deployment.yaml")) as f:
+        pod = yaml.safe_load(f)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sec, csec, limits = pod["securityContext"], c["securityContext"], c["resources"]["limits"]
+    mib = lambda q: int(q.removesuffix("Mi"))  # noqa: E731 (the manifests use Mi)
+    opts = ["--cap-drop", "ALL"] if csec["capabilities"]["drop"] == ["ALL"] else []
+    if not csec["allowPrivilegeEscalation"]:
+        opts += ["--security-opt", "no-new-privileges"]
+    if csec["readOnlyRootFilesystem"]:
+        opts.append("--read-only")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for m in c["volumeMounts"]:
+        empty = volumes[m["name"]]["emptyDir"]  # emptyDir is mounted exec, as --tmpfs exec is
+        opts += ["--tmpfs", f"{m['mountPath']}:rw,exec,nosuid,nodev,size={mib(empty['sizeLimit'])}m"]
+    cpu = str(limits["cpu"])
+    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    opts += ["--memory", f"{mib(limits['memory'])}m", "--cpus", f"{cores:g}"]
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("resourceFieldRef", {})
+        # the kubelet rounds a resourceFieldRef up to its divisor (here: whole cores)
+        value = str(math.ceil(cores)) if ref.get("resource") == "limits.cpu" else e["value"]
+        opts += ["-e", f"{e['name']}={value}"]
+    return f"{sec['runAsUser']}:{sec['runAsGroup']}", opts
 
 
 @atexit.register

@@ -203,6 +203,40 @@ def test_image_size_goal_and_start_up_figures(demo):
     assert all(t > 0 for t in times)
 
 
+def test_healthcheck_reports_healthy_under_the_pod_constraints(demo):
+    """The image's HEALTHCHECK — the executable probing its own admin port, no shell or
+    curl — turns the container healthy, run as deploy/kubernetes asks of a pod (read-only
+    root, /tmp volume, uid 65534, no capabilities, its CPU and memory limits)."""
+    from container_target import pod_constraints
+
+    from orisha.admin import HEALTH_PATH
+    _, tag = demo
+    check = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Healthcheck"]
+    assert check["Test"] == ["CMD", "/orisha", "--health"]
+    user, opts = pod_constraints()
+    c = Container(tag, [], user=user, run_args=opts)
+    try:
+        def health():
+            return json.loads(docker("inspect", c.container).stdout)[0]["State"]["Health"]
+        deadline = time.monotonic() + 180  # the first check runs after the image's interval
+        while health()["Status"] != "healthy":
+            assert health()["Status"] == "starting" and time.monotonic() < deadline, health()
+            time.sleep(1)
+        last = health()["Log"][-1]
+        assert last["ExitCode"] == 0 and "/readyz: 200 OK" in last["Output"], last
+        admin = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Env"]
+        port = next(e.split("=", 1)[1] for e in admin if e.startswith("ADMIN_PORT="))
+        r = docker("exec", c.container, "/orisha", "--health",
+                   f"http://127.0.0.1:{port}{HEALTH_PATH}", check=False)
+        assert r.returncode == 0, r
+        r = docker("exec", c.container, "/orisha", "--health", f"http://127.0.0.1:{port}/nope",
+                   check=False)
+        assert r.returncode == 1 and r.stderr.strip().endswith("404 Not Found"), r
+        assert Conn(c.port).request("/").status == 200
+    finally:
+        c.stop()  # SIGTERM → exit 0 before docker's SIGKILL (Container.stop checks)
+
+
 REAL = "/usr/share/doc/postgresql-doc-15/html"
 
 

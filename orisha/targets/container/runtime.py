@@ -84,7 +84,7 @@ def load_site(path: str | None = None):
     return module.SITE
 
 
-def _parser():
+def parser():
     import argparse
 
     from ...core.policy import LIMITS
@@ -116,7 +116,7 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     from ...core.policy import LIMITS, Limits
     from ...errors import OrishaError
     from ...server import run
@@ -139,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     drain(args.port, limits.grace)
     return code
+
+
+def stop_seconds(grace: float) -> float:
+    """The longest SIGTERM → exit may take: the workers finish in-flight responses
+    (``grace``), one that has not is SIGKILLed ``KILL_AFTER`` later, then ``drain``
+    waits for the peers (``grace`` again). An orchestrator's grace must cover it."""
+    from ...supervisor import KILL_AFTER
+    return grace + KILL_AFTER + grace
 
 
 def health(url: str, admin_port: int | None) -> int:
