@@ -45,18 +45,34 @@ def boundary(docs: list[Document]) -> bytes:
 def write(out: str, docs: list[Document], table: dict[bytes, tuple],
           not_found: Document, fallback: str | None, loop: str, summary: str,
           stats: dict, rules: list[CompiledRule] = ()) -> None:
-    blob_path = os.path.join(out, "site.blob")
-    offsets: dict[bytes, int] = {}
-    size = 0
     lines = [MARKER,
              "from orisha.blob import open_blob",
              "from orisha.core.site import Entry, Redirect, Rule, Rules, Site, Variant as V",
              "",
              f"LOOP = {loop!r}"]
+    index, size = _documents(out, docs, not_found, lines)
+    _routes(table, rules, index, lines)
+    fb = index[fallback] if fallback else "None"
+    lines.append(f"SITE = Site(ROUTES, NOT_FOUND, {fb}, {summary!r}, LOOP, SITE_RULES, "
+                 f"{boundary(docs)!r})")
+    module = os.path.join(out, "site.py")
+    with open(module, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    py_compile.compile(module, dfile="site.py", doraise=True,  # no temp path inside the .pyc
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    manifest.write(out, {"loop": loop, "blob_bytes": size, "summary": summary, **stats})
+
+
+def _documents(out: str, docs: list[Document], not_found: Document,
+               lines: list[str]) -> tuple[dict[str, str], int]:
+    """Write site.blob; add the blob line and one ``E<n> = Entry(…)`` line per document.
+    Returns the constant's name per document id, and the blob's size."""
+    offsets: dict[bytes, int] = {}
+    size = 0
     body_lines = []
     index: dict[str, str] = {}
 
-    with open(blob_path, "wb") as blob:
+    with open(os.path.join(out, "site.blob"), "wb") as blob:
         def place(body: bytes) -> str:
             nonlocal size
             if not body:
@@ -84,6 +100,12 @@ def write(out: str, docs: list[Document], table: dict[bytes, tuple],
 
     lines.append(f"B = open_blob(__file__, 'site.blob', {size})")
     lines.extend(body_lines)
+    return index, size
+
+
+def _routes(table: dict[bytes, tuple], rules: list[CompiledRule], index: dict[str, str],
+            lines: list[str]) -> None:
+    """Add the ``R<n> = Rule(…)`` lines, ``SITE_RULES`` (run-time rules, in order) and ``ROUTES``."""
     names: dict[int, str] = {}
 
     def rule(r: CompiledRule) -> str:
@@ -106,15 +128,7 @@ def write(out: str, docs: list[Document], table: dict[bytes, tuple],
 
     site_rules = "".join(rule(r) + ", " for r in rules)
     routes = [f"    {key!r}: {target(table[key])}," for key in sorted(table)]
+    lines.append(f"SITE_RULES = ({site_rules})")
     lines.append("ROUTES = {")
     lines.extend(routes)
     lines.append("}")
-    fb = index[fallback] if fallback else "None"
-    lines.append(f"SITE = Site(ROUTES, NOT_FOUND, {fb}, {summary!r}, LOOP, ({site_rules}), "
-                 f"{boundary(docs)!r})")
-    module = os.path.join(out, "site.py")
-    with open(module, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    py_compile.compile(module, dfile="site.py", doraise=True,  # no temp path inside the .pyc
-                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    manifest.write(out, {"loop": loop, "blob_bytes": size, "summary": summary, **stats})
