@@ -88,8 +88,10 @@ def main() -> None:
               help="Add a header to files matching GLOB (repeatable; like a _headers file).")
 @click.option("--redirect", "redirects", multiple=True, metavar='"FROM TO [STATUS]"',
               help="A _redirects rule, as one string (repeatable; before the site's _redirects).")
+@click.option("--autoindex", is_flag=True,
+              help="Generate a listing (like nginx's autoindex) for folders without index.html.")
 def build(site, out, fallback, not_found, cache_control, loop, no_cache, target, symlinks,
-          headers, redirects) -> None:
+          headers, redirects, autoindex) -> None:
     """Compile SITE into responses in OUT."""
     if target == "container":
         from .targets.container.build import build as builder
@@ -98,7 +100,7 @@ def build(site, out, fallback, not_found, cache_control, loop, no_cache, target,
     r = builder(site, out, fallback=fallback, not_found=not_found,
                 cache_control=_cache_controls(cache_control), loop=loop,
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
-                symlinks=symlinks, headers=headers, redirects=redirects)
+                symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex)
     click.echo(_summary(r))
 
 

@@ -64,7 +64,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           cache: str | None = "", progress: bool = False,
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
           symlinks: str = "follow", headers: list[str] | tuple = (),
-          redirects: list[str] | tuple = ()) -> Result:
+          redirects: list[str] | tuple = (), autoindex: bool = False) -> Result:
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
@@ -81,9 +81,9 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     files = [f for f in files if f.rel not in RULE_FILES]
     if not files:
         raise BuildError(f"{site}: the site directory has no files to serve")
-    datas = [_read(f) for f in files]
-    encoded = _compress(files, datas, compress.default_cache_dir() if cache == "" else cache,
-                        progress)
+    served = len(files)
+    files, datas, encoded = _contents(files, compress.default_cache_dir() if cache == "" else cache,
+                                      progress, autoindex)
     docs = _Documents(files, datas, encoded, overrides, header_rules)
     if not_found:
         nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
@@ -98,23 +98,41 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     compiled = [docs.rule(r) for r in runtime]
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
-    totals = {c: 0 for c in ("identity", *compress.CODINGS)}
-    for i in range(len(files)):
-        totals["identity"] += len(datas[i])
-        for c, body in (encoded[i] or {}).items():
-            if c in docs.base(i).codings:
-                totals[c] += len(body)
-    summary = (f"{len(files)} files, {totals['identity']} bytes"
+    totals = _totals(docs, served)
+    summary = (f"{served} files, {totals['identity']} bytes"
                + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c]))
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
-                   {"files": len(files), "bytes": totals}, compiled)
+                   {"files": served, "bytes": totals}, compiled)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
             image.write(tmp, docs.used, table, nf, fallback)
     replace_dir(out, write)
-    return Result(out, len(files), totals, time.monotonic() - started, summary)
+    return Result(out, served, totals, time.monotonic() - started, summary)
+
+
+def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoindex: bool):
+    """(files, their bytes, their codings), with ``--autoindex`` pages added after the files."""
+    scratch = tempfile.mkdtemp(prefix="orisha-autoindex-") if autoindex else None
+    try:
+        if scratch:
+            from .autoindex import pages
+            files = files + pages(files, scratch)
+        datas = [_read(f) for f in files]
+        return files, datas, _compress(files, datas, cache, progress)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _totals(docs: "_Documents", served: int) -> dict[str, int]:
+    """Bytes per coding over the site's own files, counting the variants the build keeps."""
+    totals = {c: 0 for c in ("identity", *compress.CODINGS)}
+    for i in range(served):
+        for v in docs.base(i).variants:
+            totals[v.coding] += len(v.body)
+    return totals
 
 
 def _rules(site: str, files: list[SourceFile], headers, redirects):
@@ -171,11 +189,9 @@ class _Documents:
                                  status=status, headers=headers)
 
     def base(self, i: int):
-        """The plain document of file ``i`` (its variants: what the summary counts)."""
+        """The plain document of file ``i`` (200, no author headers)."""
         if i not in self._base:
-            doc = self.make(self.files[i].rel, "200 OK", ())
-            doc.codings = {v.coding for v in doc.variants}
-            self._base[i] = doc
+            self._base[i] = self.make(self.files[i].rel, "200 OK", ())
         return self._base[i]
 
     def id(self, rel: str, status: str, headers: tuple) -> str:
