@@ -30,7 +30,8 @@ from ..blob import FileRegion
 RECV = 16384
 IOV_MAX = 60
 SLAB = 64
-ACCEPT, RECV_OP, SEND, IGNORE = 1, 2, 3, 4
+ACCEPT, RECV_OP, SEND, IGNORE, SHUT = 1, 2, 3, 4, 5
+SHUTTING, SHUT_DONE = 1, 2  # _Conn.shut: a SHUT_WR in flight, then done
 F_MORE, CANCEL_ALL = 2, 1  # IORING_CQE_F_MORE, IORING_ASYNC_CANCEL_ALL (kernel ABI values)
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -81,7 +82,9 @@ class Loop:
         if c.closing:
             if c.recv or c.iov is not None:  # wait for in-flight ops to be cancelled
                 L.io_uring_prep_cancel_fd(self._sqe(IGNORE), c.fd, CANCEL_ALL)
-            else:
+            elif c.shut != SHUTTING:  # a shutdown runs in io-wq: a close before it completes
+                # frees the number for the next accept, and the late SHUT_WR then hits that new
+                # connection (seen as EPIPE on its first write under fast churn)
                 L.io_uring_prep_close(self._sqe(IGNORE), c.fd)
                 self.free.append(c.buf)
                 del self.conns[c.id]
@@ -89,8 +92,8 @@ class Loop:
             return
         out = c.conn.outgoing
         if c.conn.shut_write and not out and not c.shut and c.iov is None:
-            c.shut = True
-            L.io_uring_prep_shutdown(self._sqe(IGNORE), c.fd, socket.SHUT_WR)
+            c.shut = SHUTTING
+            L.io_uring_prep_shutdown(self._sqe(c.id << 3 | SHUT), c.fd, socket.SHUT_WR)
         if c.iov is None and out:
             bufs = [b for b in out[:IOV_MAX] if len(b)]
             if FileRegion in map(type, bufs):
@@ -198,7 +201,9 @@ class Loop:
         c = self.conns.get(ud >> 3)
         if c is None or op == IGNORE:
             return
-        if op == RECV_OP:
+        if op == SHUT:
+            c.shut = SHUT_DONE
+        elif op == RECV_OP:
             c.recv = False
             if res >= 0:
                 c.conn.receive(bytes(c.buf[:res]), now)
