@@ -158,6 +158,7 @@ cdef enum:
     SEND = 3
     SPLICE_IN = 4
     IGNORE = 5
+    SHUT = 6
 
 _EXHAUSTED = (EMFILE, ENFILE, ENOBUFS, ENOMEM)
 
@@ -172,7 +173,7 @@ cdef class _Conn:
     cdef object conn
     cdef long id
     cdef int fd
-    cdef bint recv_armed, sending, closing, cancelled, shut
+    cdef bint recv_armed, sending, closing, cancelled, shut, shutting
     cdef object pending          # bytes read while the core wanted none (see Backpressure)
     cdef char *buf               # single-shot recv buffer when there is no buffer ring
     cdef object region           # the FileRegion being spliced, or None
@@ -308,8 +309,8 @@ cdef class Loop:
             if out and not c.sending:
                 self._send(c, out)
             elif not out and conn.shut_write and not c.shut and not c.sending:
-                c.shut = True
-                io_uring_prep_shutdown(self._sqe(IGNORE), c.fd, SHUT_WR)
+                c.shut = c.shutting = True
+                io_uring_prep_shutdown(self._sqe(c.id << 3 | SHUT), c.fd, SHUT_WR)
             if not conn.wants_read:
                 return
             if c.pending is None:
@@ -325,6 +326,8 @@ cdef class Loop:
                 c.cancelled = True
                 io_uring_prep_cancel_fd(self._sqe(IGNORE), c.fd, IORING_ASYNC_CANCEL_ALL)
             return
+        if c.shutting:  # a shutdown runs in io-wq: a close before it completes frees the fd
+            return      # number for the next accept, and the late SHUT_WR hits that connection
         io_uring_prep_close(self._sqe(IGNORE), c.fd)
         del self.conns[c.id]
         c.conn.close()
@@ -484,6 +487,8 @@ cdef class Loop:
             return
         if op == RECV_OP:
             self._received(c, res, flags, now)
+        elif op == SHUT:
+            c.shutting = False
         elif op == SPLICE_IN:
             if res > 0:
                 c.piped += res
