@@ -136,6 +136,7 @@ class H2Connection:
         self.streams: dict[int, _Stream] = {}
         self.ready: deque[_Stream] = deque()
         self.remote_open: set[int] = set()  # streams whose request has not ended yet
+        self.resets: deque[int] = deque(maxlen=128)  # streams we reset lately (frames in flight)
         self.last_id = 0
         self.hdr: list | None = None  # a header block in progress: [sid, end, frags, size, frames, kind]
         self.calm = _CALM_MAX
@@ -247,6 +248,7 @@ class H2Connection:
         """A stream error (§5.4.2): RST_STREAM and forget the stream."""
         self.out.append(_frame(4, RST_STREAM, 0, sid) + code.to_bytes(4, "big"))
         self.out_bytes += 13
+        self.resets.append(sid)
         self.remote_open.discard(sid)
         st = self.streams.pop(sid, None)
         if st is not None and not st.parked:
@@ -350,8 +352,10 @@ class H2Connection:
                 self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1: trailers end the stream
                 kind = "ignore"
         elif sid <= self.last_id:
-            kind = "ignore"  # a stream already closed (late trailers after our reset): decoded,
-            if not self._spend():  # for the HPACK state, then dropped
+            if sid not in self.resets:  # §5.1.1: ids only grow; a closed stream takes no HEADERS
+                return self._fail(Error.PROTOCOL_ERROR)
+            kind = "ignore"  # late trailers on a stream we reset (§5.1 "closed"): decoded, for
+            if not self._spend():  # the HPACK state, then dropped
                 return
         else:
             self.last_id = sid
