@@ -92,11 +92,16 @@ import pytest  # noqa: E402
 
 HOSTED = ["epoll", "io-uring", "kqueue", "asyncio"]
 _servers: dict = {}
+_pki: list = []
 
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory):
-    return make_pki(str(tmp_path_factory.mktemp("pki")))
+    # Each test module that imports this fixture gets its own instance of it (pytest scopes
+    # imported fixtures per module): one CA for the session, shared with the server cache.
+    if not _pki:
+        _pki.append(make_pki(str(tmp_path_factory.mktemp("pki"))))
+    return _pki[0]
 
 
 @pytest.fixture(scope="session", params=HOSTED)
