@@ -272,3 +272,52 @@ def test_graceful_stop_sends_goaway_over_a_real_socket(builds, pki):
     while chunk := sock.recv(65536):
         data += chunk
     assert goaway_code(data) == 0
+
+
+# -- the container: h2c on its plain port, and TLS with a certificate mounted at run time ------
+
+@pytest.fixture(scope="module")
+def container_tls(pki):
+    from conftest import MODES, TEST_LIMITS
+    from container_target import Container, build
+    _, tag = build(DEMO, MODES["notfound"])
+    os.chmod(pki.dir, 0o755)  # the container runs as uid 65534
+    os.chmod(pki.key, 0o644)
+    c = Container(tag, TEST_LIMITS, run_args=["-v", f"{pki.dir}:/certs:ro",
+                                              "-e", "TLS_CERT=/certs/chain.pem",
+                                              "-e", "TLS_KEY=/certs/key.pem"])
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def container_plain():
+    from conftest import MODES, TEST_LIMITS
+    from container_target import start
+    c = start(DEMO, MODES["notfound"], TEST_LIMITS)
+    yield c
+    c.stop()
+
+
+@pytest.mark.slow
+def test_the_container_speaks_https_h2_and_h2c(container_tls, container_plain, pki, tmp_path):
+    assert "https://" in container_tls.line
+    for proto, port in (("tls", container_tls.port), ("h2c", container_plain.port)):
+        client = h2_client(proto, port, pki)
+        try:
+            got = client.fetch(CASES, scheme="https" if proto == "tls" else "http")
+        finally:
+            client.close()
+        for (method, path, headers), r in zip(CASES, got):
+            status, hs, body = http11(container_plain.port, method, path, headers)
+            for h in ("date", "connection"):
+                hs.pop(h, None)
+                r.headers.pop(h, None)
+            assert (r.status, r.headers, r.body) == (status, hs, body), (proto, method, path)
+    out = tmp_path / "page"
+    r = subprocess.run(["curl", "-sS", "--http2", "--cacert", pki.ca, "-o", str(out), "-w",
+                        "%{http_version} %{http_code}",
+                        f"https://localhost:{container_tls.port}/docs/"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout == "2 200", r.stderr
+    assert out.read_bytes() == demo_file("docs/index.html")

@@ -107,6 +107,13 @@ def parser():
     p.add_argument("--health", nargs="?", const="", metavar="URL",
                    help="Probe URL (default http://127.0.0.1:$ADMIN_PORT/readyz) and exit 0 "
                         "on a 2xx, else 1: a HEALTHCHECK for an image without a shell or curl.")
+    p.add_argument("--tls-cert", default=env("TLS_CERT"), metavar="FILE",
+                   help="PEM certificate (chain allowed), mounted at run time: the port speaks "
+                        "TLS, HTTP/2 and HTTP/1.1 by ALPN; SIGHUP reads it again [$TLS_CERT].")
+    p.add_argument("--tls-key", default=env("TLS_KEY"), metavar="FILE",
+                   help="PEM private key of --tls-cert [$TLS_KEY].")
+    p.add_argument("--tls-min", choices=("1.2", "1.3"), default=env("TLS_MIN", "1.2"),
+                   help="Oldest TLS version accepted [$TLS_MIN, default 1.2].")
     for limit in LIMITS:
         p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
                        default=limit.default, help=f"{limit.help} [default {limit.default}]")
@@ -133,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(**{limit.attr: getattr(args, limit.attr) for limit in LIMITS})
     try:
         code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
-                   limits=limits, admin_port=args.admin_port, admin_host=args.admin_host)
+                   limits=limits, admin_port=args.admin_port, admin_host=args.admin_host,
+                   tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min)
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
