@@ -13,16 +13,25 @@ The choice is made once, where the generated module slices the blob
 (``B[start:end]``), so the request core carries regions like any other body
 and needs no branch of its own; ``orisha/loops/base.py`` says how a loop sends
 one.
+
+Smaller bodies are sent from the map, which maps their pages into the worker.
+``release()``, called by every loop body once a second, drops those mappings
+again (MADV_DONTNEED on a shared file map: the pages stay in the page cache,
+the next send maps them back with a minor fault), so the blob is held once, by
+the page cache, the way nginx's sendfile holds it — not also as pages counted
+in each worker's PSS and pinned against reclaim by being mapped.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import weakref
 
 # Bodies at least this large are sent with sendfile. Below it one sendmsg of head and
 # body costs less than a sendmsg for the head plus a sendfile (measured in bench/bench.py).
-REGION_MIN = 64 * 1024
+# ORISHA_REGION_MIN overrides it (bytes), e.g. to trade CPU for memory (bench/memory.py).
+REGION_MIN = int(os.environ.get("ORISHA_REGION_MIN") or 64 * 1024)
 
 
 class FileRegion:
@@ -67,6 +76,10 @@ class Blob:
 
     def __init__(self, view: memoryview, file, base: int) -> None:
         self.view, self.file, self.base = view, file, base
+        if file is not None:
+            # The map itself, weakly: the generated module (and this Blob) may be gone
+            # while the bodies, slices of the map, keep it alive.
+            _OPEN.add(view.obj)
 
     def __len__(self) -> int:
         return len(self.view)
@@ -76,6 +89,15 @@ class Blob:
         if len(view) < REGION_MIN or self.file is None:
             return view
         return FileRegion(self.file, self.base + index.indices(len(self.view))[0], view)
+
+
+_OPEN: "weakref.WeakSet[mmap.mmap]" = weakref.WeakSet()
+
+
+def release() -> None:
+    """Unmap the pages of every open blob from this process (see the module docstring)."""
+    for m in list(_OPEN):
+        m.madvise(mmap.MADV_DONTNEED)
 
 
 def open_blob(module_file: str, name: str, size: int, offset: int | None = None) -> Blob:

@@ -19,7 +19,7 @@ try:
 except ImportError:  # documented fallback: the stdlib loop, same behaviour, slower
     uvloop = None
 
-from ..blob import REGION_MIN, FileRegion
+from ..blob import REGION_MIN, FileRegion, release as release_maps
 from ..core.connection import App
 
 _SLICE = 256 * 1024
@@ -127,6 +127,7 @@ class Loop:
             await asyncio.sleep(1)
             now = time.time()
             self.app.tick(now)
+            release_maps()
             for p in list(self.protocols):
                 p.conn.tick(now)
                 p.flush(now)

@@ -22,6 +22,8 @@ the core's. For each accepted socket it follows this contract:
   conn.close()                   exactly once, when the loop has closed the socket
   app.tick(now)                  about once a second, and once more before ``run`` returns
                                  (counters and access-log lines leave the worker here)
+  orisha.blob.release()          about once a second (the blob's pages leave the worker's
+                                 page tables; they stay in the page cache)
 
 ``now`` is ``time.time()``. Errors on a socket (ECONNRESET, EPIPE…) end that
 connection only: the loop closes it and calls ``conn.close()``.

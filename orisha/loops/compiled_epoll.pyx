@@ -16,7 +16,7 @@ from libc.errno cimport EAGAIN, ECONNABORTED, EINTR, EMFILE, ENFILE, ENOBUFS, EN
 from libc.string cimport memset
 from posix.unistd cimport close as c_close
 
-from ..blob import FileRegion
+from ..blob import FileRegion, release as release_maps
 
 cdef extern from "<sys/uio.h>" nogil:
     struct iovec:
@@ -163,6 +163,7 @@ cdef class Loop:
             if now >= next_tick:
                 next_tick = now + 1
                 self.app.tick(now)
+                release_maps()
                 if paused and accepting:
                     self._watch(self.lfd, READ, False)
                     paused = False

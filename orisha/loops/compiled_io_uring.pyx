@@ -46,7 +46,7 @@ from liburing.time cimport timespec as Timespec
 
 import socket as _socket
 
-from ..blob import FileRegion
+from ..blob import FileRegion, release as release_maps
 
 cdef extern from "<errno.h>" nogil:
     int ECANCELED
@@ -455,6 +455,7 @@ cdef class Loop:
     cdef _tick(self, double now):
         cdef _Conn c
         self.app.tick(now)
+        release_maps()
         if self.paused and not self.stopped:  # out of descriptors last time: try again now
             self.paused = False
             self._arm_accept()

@@ -25,7 +25,7 @@ import time
 
 import liburing as L
 
-from ..blob import FileRegion
+from ..blob import FileRegion, release as release_maps
 
 RECV = 16384
 IOV_MAX = 60
@@ -171,6 +171,7 @@ class Loop:
 
     def _tick(self, now: float) -> None:
         self.app.tick(now)
+        release_maps()
         if self.paused and not self.stopped:  # out of descriptors last time: try again now
             self.paused = False
             self._arm_accept()

@@ -22,7 +22,7 @@ import os
 import socket
 import time
 
-from ..blob import FileRegion
+from ..blob import FileRegion, release as release_maps
 from ..core.connection import App
 
 READ, WRITE = 1, 2
@@ -86,6 +86,7 @@ class ReadinessLoop:
             if now >= next_tick:
                 next_tick = now + 1
                 self.app.tick(now)
+                release_maps()
                 if paused and accepting:
                     self._watch(lfd, READ)
                     paused = False
