@@ -321,3 +321,18 @@ def test_the_container_speaks_https_h2_and_h2c(container_tls, container_plain, p
                        capture_output=True, text=True, timeout=60)
     assert r.stdout == "2 200", r.stderr
     assert out.read_bytes() == demo_file("docs/index.html")
+
+
+def test_memoised_header_blocks_follow_the_dynamic_table(site):
+    """The same bytes of indexed fields mean another field once the table has changed."""
+    gzip_in = b"\x82\x84\x86\x81" + b"\x50\x04gzip"  # accept-encoding: gzip → dynamic 62
+    indexed = b"\x82\x84\x86\x81\xbe"                # GET / with dynamic entry 62
+    br_in = b"\x82\x84\x86\x81" + b"\x50\x02br"      # accept-encoding: br → 62 (gzip → 63)
+    data = b"".join(frame(HEADERS, 0x5, sid, b) for sid, b in
+                    ((1, gzip_in), (3, indexed), (5, br_in), (7, indexed)))
+    out, _ = raw(site, data)
+    from hpack import Decoder
+    d = Decoder()
+    codings = [dict(d.decode(p)).get("content-encoding") for t, _, s, p in read_frames(out)
+               if t == HEADERS]
+    assert codings == ["gzip", "gzip", "br", "br"]
