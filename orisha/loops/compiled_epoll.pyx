@@ -273,6 +273,8 @@ cdef class Loop:
             iov[k].iov_len = view.len
             PyBuffer_Release(&view)
             k += 1
+        # One sendmsg of the iovecs: copying head, Date tail and body into one buffer for a
+        # single send() measured no better (1 KB: 8.2 vs 7.5 µs/req, 13 KB: 7.6 vs 8.0; noise ±0.5).
         memset(&msg, 0, sizeof(msg))
         msg.msg_iov = iov
         msg.msg_iovlen = k
