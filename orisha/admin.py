@@ -4,9 +4,10 @@ Strategy: the supervisor answers the admin port itself (one short request at a
 time, between its other duties), so the answers say what the supervisor knows:
 
   /healthz   200 while the supervisor runs (a liveness probe: restart me if not)
-  /readyz    200 when the site is loaded and every worker of the current
-             generation has entered its loop; 503 while starting or stopping
-             (a readiness probe: send me traffic only if 200)
+  /readyz    200 once the site is loaded and the first workers have entered
+             their loops, while each worker has a live process; 503 while
+             starting, while a dead worker awaits its restart, and from the
+             moment a stop begins (a readiness probe: send me traffic only if 200)
   /metrics   Prometheus text: every worker's counters (live and retired), restarts, reloads
 
 ``check(url)`` is the other end — what ``orisha health URL`` and the container's
@@ -70,7 +71,8 @@ def exposition(s: Status) -> bytes:
             ("draining_generations", "gauge",
              "Older generations of workers still finishing their responses.", s.draining),
             ("ready", "gauge", "1 when /readyz answers 200.", int(s.ready))):
-        out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}\norisha_{name} {value}")
+        out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}\n"
+                   f"orisha_{name} {value}")
     return ("\n".join(out) + "\n").encode()
 
 
@@ -103,7 +105,8 @@ def answer(sock: socket.socket, status: Callable[[], Status]) -> None:
             else:
                 head, body = b"405 Method Not Allowed", b"GET or HEAD\n"
             conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                         b"Content-Length: %d\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n%s"
+                         b"Content-Length: %d\r\nCache-Control: no-store\r\n"
+                         b"Connection: close\r\n\r\n%s"
                          % (head, len(body), body if method != b"HEAD" else b""))
         except OSError:  # timeout or reset: the supervisor moves on
             pass

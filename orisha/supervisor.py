@@ -145,7 +145,7 @@ class Supervisor:
         self.live: dict[int, Worker] = {}
         self.due: dict[int, float] = {}  # worker index → when to restart it
         self.gen = 0
-        self.stopping = self.reload_pending = False
+        self.stopping = self.reload_pending = self.serving = False
         self.restarts = self.reloads = 0
         self.pid = os.getpid()
         self.got: list[int] = []
@@ -330,13 +330,17 @@ class Supervisor:
             for k, v in enumerate(self.stats.read(w.slot)):
                 acc[k] += v
         current = [w for w in self.live.values() if w.gen == self.gen]
+        if not self.serving:  # once every first worker has entered its loop
+            self.serving = all(self.stats.started(w.slot) for w in current)
         if self.stopping:
             why = "stopping"
+        elif not self.serving:
+            why = "starting"
         elif len(current) < self.workers:
             why = "no worker"  # one died and waits for its restart
-        elif not all(self.stats.started(w.slot) for w in current):
-            why = "starting"
         else:
+            # A generation that a reload has just forked may not have entered its loop yet:
+            # still ready, connections wait on the listeners for the few ms that takes.
             why = ""
         return Status(not why, why, per, self.restarts, self.reloads, len(self._draining()))
 

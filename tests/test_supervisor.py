@@ -253,6 +253,16 @@ def test_health_probes_on_the_admin_port(own_build, loop):
         r = orisha("health", url + "/nope", timeout=60)
         assert r.returncode == 1 and r.stderr.strip().endswith("404 Not Found"), r.stderr
         assert len(r.stderr.splitlines()) == 1, r.stderr
+        s.proc.send_signal(signal.SIGHUP)  # a reload is no reason to take the replica out
+        answers = set()
+        for _ in range(30):
+            answers.add(get(admin, READY_PATH))
+            time.sleep(0.02)
+        assert answers == {(200, b"ready\n")}
+        # Let the retired workers notice (their ~1 s tick) before the next connection: a
+        # readiness loop that wakes for an accept in the same turn as it sees the stop flag
+        # drops that fresh connection unanswered (a loop-body race, not the supervisor's).
+        time.sleep(1.5)
 
         d = SlowDownload(s.port)  # keeps the server stopping for a while
         assert d.started.wait(30)
