@@ -336,3 +336,98 @@ def test_memoised_header_blocks_follow_the_dynamic_table(site):
     codings = [dict(d.decode(p)).get("content-encoding") for t, _, s, p in read_frames(out)
                if t == HEADERS]
     assert codings == ["gzip", "gzip", "br", "br"]
+
+
+# -- a real site over https/h2: curl, nghttp and Chromium --------------------------------------
+
+REAL = "/usr/share/doc/postgresql-doc-15/html"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(REAL), reason="apt-get install postgresql-doc-15 (./dev test does)")
+def test_real_site_over_https_h2_with_curl_nghttp_and_chromium(pki, tmp_path):
+    from conftest import orisha
+    from tlsutil import serve
+    build = str(tmp_path / "pg")
+    r = orisha("build", REAL, "-o", build)
+    assert r.returncode == 0, r.stderr
+    log = tmp_path / "access.log"
+    s = serve(build, "--workers", "2", "--tls-cert", pki.chain, "--tls-key", pki.key,
+              "--access-log", str(log))
+    try:
+        base = f"https://localhost:{s.port}/"
+        files = sorted(os.path.relpath(os.path.join(d, n), REAL)
+                       for d, _, names in os.walk(REAL) for n in names)
+        assert len(files) > 1000
+        # curl: every file over h2 (multiplexed), identical to the file HTTP/1.1 serves
+        config = tmp_path / "curl.cfg"
+        config.write_text("".join(f'url = "{base}{f}"\noutput = "{tmp_path}/c{i}"\n'
+                                  for i, f in enumerate(files)))
+        r = subprocess.run(["curl", "-sS", "--http2", "-Z", "--parallel-max", "20", "--cacert",
+                            pki.ca, "-w", "%{http_version} %{http_code}\\n", "-K", str(config)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert set(r.stdout.split("\n")[:-1]) == {"2 200"}
+        for i, f in enumerate(files):
+            with open(os.path.join(REAL, f), "rb") as src:
+                assert (tmp_path / f"c{i}").read_bytes() == src.read(), f
+        # nghttp: the whole site on one connection (sizes), and a sample byte for byte
+        har = tmp_path / "nghttp.har"
+        identity = "accept-encoding: identity"  # nghttp asks for gzip otherwise and keeps it
+        r = subprocess.run(["nghttp", "-n", "-H", identity, f"--har={har}", *[base + f for f in files]],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        import json
+        sizes = {e["request"]["url"]: (e["response"]["status"], e["response"]["content"]["size"])
+                 for e in json.loads(har.read_text())["log"]["entries"]}
+        for f in files:
+            assert sizes[base + f] == (200, os.path.getsize(os.path.join(REAL, f))), f
+        for f in files[::100]:
+            r = subprocess.run(["nghttp", "-H", identity, base + f], capture_output=True, timeout=60)
+            with open(os.path.join(REAL, f), "rb") as src:
+                assert r.stdout == src.read(), f
+        # Chromium: real pages with their stylesheet and images, nothing failed, all on h2
+        from browser import chromium, load_pages
+        if chromium() is None:
+            pytest.skip("no Chromium (apt-get install chromium; ./dev test does)")
+        spki = subprocess.run(
+            f"openssl x509 -in {pki.cert} -pubkey -noout | openssl pkey -pubin -outform der"
+            " | openssl dgst -sha256 -binary | base64", shell=True, capture_output=True,
+            text=True, check=True).stdout.strip()
+        wrapper = tmp_path / "chromium"
+        wrapper.write_text(f"#!/bin/sh\nexec {chromium()} "
+                           f"--ignore-certificate-errors-spki-list={spki} \"$@\"\n")
+        wrapper.chmod(0o755)
+        pages = ["index.html", "sql-select.html", "gin-implementation.html", "storage-page-layout.html",
+                 "datatype-json.html", "functions-json.html"]
+        before = len(log.read_text().splitlines()) if log.exists() else 0
+        results = load_pages([base + p for p in pages], timeout=30, executable=str(wrapper))
+        for res in results:
+            assert res.ok, res.problems
+        time.sleep(1.5)  # access-log lines leave the workers once a second
+        lines = log.read_text().splitlines()[before:]
+        assert len(lines) >= len(pages) + 1  # the pages and their stylesheet at least
+        assert all('HTTP/2.0" 200' in line or "favicon" in line for line in lines), lines
+    finally:
+        s.stop()
+
+
+def test_protocol_layers_import_no_io():
+    """Like the core: orisha/protocols never imports socket, select, time, asyncio or a loop
+    library (ssl only in tls.py, where the stdlib's TLS state machine is the point)."""
+    import ast
+    import orisha.protocols as P
+    here = os.path.dirname(P.__file__)
+    banned = {"socket", "select", "selectors", "time", "asyncio", "uvloop", "liburing"}
+    for name in os.listdir(here):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(here, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for m in mods:
+                top = m.split(".")[0]
+                assert top not in banned, f"orisha/protocols/{name} imports {m}"
+                assert top != "ssl" or name == "tls.py", f"orisha/protocols/{name} imports ssl"
