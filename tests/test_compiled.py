@@ -123,3 +123,40 @@ def test_loops_module_names_the_pure_module_under_orisha_pure(monkeypatch):
     monkeypatch.setenv("ORISHA_PURE", "1")
     assert all(loops.module(n) == loops.MODULES[n] for n in loops.COMPILED)
     assert re.fullmatch(r"(\S+ (compiled|pure)(, )?)+", loops.describe())
+
+
+# The compiled io_uring body on older kernels' paths: single-shot accept (before 5.19),
+# single-shot recv from the buffer ring (before 6.0), no buffer ring at all (before 5.19).
+OLD_KERNELS = {
+    "single-shot-accept": "L.multishot_accept = False",
+    "single-shot-recv": "L.multishot_recv = False",
+    "no-buffer-ring": "M.PROVIDED_BUFFERS = False",
+}
+
+
+@needs_compiled
+@pytest.mark.parametrize("kernel", OLD_KERNELS)
+def test_compiled_io_uring_on_older_kernels(tmp_path, kernel):
+    if loops.io_uring_problem():
+        pytest.skip(loops.io_uring_problem())
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out).returncode == 0
+    setting = OLD_KERNELS[kernel]
+    prelude = ("import orisha.loops.compiled_io_uring as M\n"
+               "class L(M.Loop):\n"
+               "    def __init__(self, *a):\n"
+               f"        super().__init__(*a); {setting.replace('L.', 'self.')}\n"
+               + ("M.PROVIDED_BUFFERS = False\n" if setting.startswith("M.") else "")
+               + "M.Loop = L\n")
+    p = subprocess.Popen([sys.executable, "-c", prelude + "from orisha.cli import main; main()",
+                          "serve", out, "--port", "0", "--workers", "1", "--loop", "io-uring"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    s = Server.attach(p)
+    try:
+        big = open(os.path.join(DEMO, "files/big.txt"), "rb").read()
+        for _ in range(10):  # each new connection needs the accept re-armed when single-shot
+            c = Conn(s.port)
+            assert c.request("/").status == 200
+            assert c.request("/files/big.txt", headers={"Accept-Encoding": "identity"}).body == big
+    finally:
+        assert s.stop() == 0

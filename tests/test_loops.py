@@ -120,7 +120,9 @@ def test_io_uring_disabled_by_sysctl(tmp_path):
 
 def test_io_uring_single_shot_accept_for_kernels_before_5_19(tmp_path):
     # As on a kernel that answered EINVAL to multishot accept: one accept per submission.
-    prelude = ("import orisha.loops.io_uring as U; _init = U.Loop.__init__\n"
+    # ORISHA_PURE: this is the pure body's path (tests/test_compiled.py covers the compiled one).
+    prelude = ("import os; os.environ['ORISHA_PURE'] = '1'\n"
+               "import orisha.loops.io_uring as U; _init = U.Loop.__init__\n"
                "def init(self, *a):\n    _init(self, *a); self.multishot = False\n"
                "U.Loop.__init__ = init\n")
     p = _serve_with(prelude, "io-uring", tmp_path)

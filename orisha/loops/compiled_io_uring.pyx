@@ -161,6 +161,9 @@ cdef enum:
     SHUT = 6
 
 _EXHAUSTED = (EMFILE, ENFILE, ENOBUFS, ENOMEM)
+# False: behave as on a kernel without provided-buffer rings (before 5.19). The tests set
+# it, and ``multishot_accept``/``multishot_recv`` on a Loop, to run the older kernels' paths.
+PROVIDED_BUFFERS = True
 
 
 cdef inline double _now() noexcept nogil:
@@ -174,6 +177,7 @@ cdef class _Conn:
     cdef long id
     cdef int fd
     cdef bint recv_armed, sending, closing, cancelled, shut, shutting
+    cdef bint late               # accepted after the stop: answer what it sent, then close
     cdef object pending          # bytes read while the core wanted none (see Backpressure)
     cdef char *buf               # single-shot recv buffer when there is no buffer ring
     cdef object region           # the FileRegion being spliced, or None
@@ -202,7 +206,8 @@ cdef class Loop:
     cdef io_uring *ring
     cdef int lfd
     cdef long next_id
-    cdef bint accepting, multishot_accept, multishot_recv, stopped, paused
+    cdef public bint multishot_accept, multishot_recv
+    cdef bint accepting, stopped, paused
     cdef object deadline
     cdef io_uring_buf_ring *br
     cdef char *slab
@@ -239,6 +244,9 @@ cdef class Loop:
         """Register a ring of BUFS provided buffers (5.19); without it, single-shot recvs."""
         cdef io_uring_buf_reg reg
         cdef int i
+        if not PROVIDED_BUFFERS:
+            self.multishot_recv = False
+            return
         self.br_size = BUFS * 16  # sizeof(struct io_uring_buf)
         cdef void *mem = mmap(NULL, self.br_size, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0)
         if mem == MAP_FAILED:
@@ -381,7 +389,7 @@ cdef class Loop:
         io_uring_prep_splice(self._sqe(c.id << 3 | SEND), c.pipe_r, -1, c.fd, -1, n, SPLICE_F_MOVE)
         c.sending = True
 
-    cdef _accepted(self, int fd, double now):
+    cdef _accepted(self, int fd, double now, bint late):
         cdef int one = 1
         cdef _Conn c
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one))
@@ -392,7 +400,7 @@ cdef class Loop:
             peer = "-"
         s.detach()
         c = _Conn()
-        c.id, c.fd = self.next_id, fd
+        c.id, c.fd, c.late = self.next_id, fd, late
         self.next_id += 1
         c.conn = self.app.connect(now, peer)
         self.conns[c.id] = c
@@ -469,10 +477,10 @@ cdef class Loop:
         if not flags & IORING_CQE_F_MORE:
             self.accepting = False
         if res >= 0:
-            if self.stopped:
-                c_close(res)
-            else:
-                self._accepted(res, now)
+            # Multishot accept takes connections from the backlog eagerly, so some arrive
+            # after the stop: they are answered once (closing them would reset a client
+            # whose request the next generation would otherwise have served).
+            self._accepted(res, now, self.stopped)
         elif -res in _EXHAUSTED:
             self.paused = True  # re-armed at the next tick: no spinning on EMFILE
         elif res == -EINVAL and self.multishot_accept:
@@ -541,6 +549,8 @@ cdef class Loop:
             c.pending += data
         elif c.conn.wants_read:
             c.conn.receive(data, now)
+            if c.late:
+                c.conn.shutdown(now)
             return
         else:
             c.pending = data
