@@ -112,7 +112,7 @@ class TlsConnection:
 
     __slots__ = ("app", "tls", "rbio", "wbio", "inner", "cipher", "cipher_bytes", "began",
                  "since", "state", "refuse", "should_close", "shut_write", "notified", "region_pos",
-                 "fresh", "stopping")
+                 "fresh", "stopping", "ended")
     HANDSHAKE, OPEN, PLAIN = 0, 1, 2
 
     def __init__(self, app, ctx: ssl.SSLContext, now: float, peer: str, refuse: bool) -> None:
@@ -128,6 +128,7 @@ class TlsConnection:
         self.region_pos = 0  # bytes of the inner connection's first FileRegion already encrypted
         self.fresh = True  # no plaintext yet: the client's first request may be on its way
         self.stopping = False  # a graceful stop waits for that first request (see ``shutdown``)
+        self.ended = False
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -253,8 +254,10 @@ class TlsConnection:
         inner, tls = self.inner, self.tls
         while True:
             self._encrypt(now)
-            if not inner.wants_read or inner.should_close:
+            if not inner.wants_read or inner.should_close or self.ended:
                 break
+            if not self.rbio.pending and not self.rbio.eof and not tls.pending():
+                break  # nothing buffered: skip a read that could only raise SSLWantReadError
             try:
                 data = tls.read(_CHUNK)
             except ssl.SSLWantReadError:  # no complete record buffered
@@ -272,6 +275,7 @@ class TlsConnection:
                 if self.stopping:  # answer this first request, then the stop proceeds
                     inner.shutdown(now)
             if not data:
+                self.ended = True  # the peer's EOF reached the inner connection once
                 self._encrypt(now)
                 break
         self._settle(now)
