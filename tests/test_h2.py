@@ -431,3 +431,19 @@ def test_protocol_layers_import_no_io():
                 top = m.split(".")[0]
                 assert top not in banned, f"orisha/protocols/{name} imports {m}"
                 assert top != "ssl" or name == "tls.py", f"orisha/protocols/{name} imports ssl"
+
+
+def test_over_the_connection_limit_h2_answers_503_and_goes_away(site):
+    from orisha.protocols.front import to_h2
+    app = App(site, Limits(connections=0), protocols=Plain())
+    conn = app.connect(NOW, "-")  # cleartext: the protocol is unknown yet, so HTTP/1.1's 503
+    assert bytes(conn.outgoing[0]).startswith(b"HTTP/1.1 503")
+    conn = app.connect(NOW, "-")
+    to_h2(conn, NOW, refuse=True)  # what TLS does when ALPN chose h2 for a refused connection
+    sock = MemSock(conn)
+    sock.sendall(PREFACE + settings() + frame(HEADERS, 0x5, 1, request_block("/")))
+    out = sock.pending + sock._drain()
+    from hpack import Decoder
+    heads = [p for t, _, _, p in read_frames(out) if t == HEADERS]
+    assert dict(Decoder().decode(heads[0]))[":status"] == "503"
+    assert goaway_code(out) == 0 and conn.shut_write
