@@ -1,44 +1,27 @@
 """``_headers`` and ``_redirects`` (Netlify / Cloudflare Pages syntax) over real sockets.
 
 ``sites/rules/`` uses every form Orisha supports; it is served by every target
-(test ids carry the name). The booted unikernel's C core has no run-time rule
-matcher yet, so it serves a copy of the site whose ``_redirects`` keeps the
-exact rules only (the build refuses the others: tested below), and the tests
-of run-time rules skip it. Build errors are one line naming file and line.
+(test ids carry the name), the booted unikernel included: its C core matches
+the run-time rules from the site image (tests/test_unikernel.py compares it with
+the Python matcher on generated paths). Build errors are one line naming file
+and line.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 from conftest import PURE, ROOT, TEST_LIMITS, Server, _servers, orisha
 from httpraw import Conn
 from test_build import one_line_error
 
-from orisha.embed.rules import parse_redirects
-
 RULES = os.path.join(ROOT, "sites", "rules")
-EXACT_ONLY = "unikernel"  # the targets whose build keeps exact rules only
 
 
 def site_file(rel: str) -> bytes:
     with open(os.path.join(RULES, rel), "rb") as f:
         return f.read()
-
-
-def _exact_copy() -> str:
-    """A copy of sites/rules whose _redirects has the exact rules only."""
-    tmp = tempfile.mkdtemp(prefix="orisha-rules-exact-")
-    site = os.path.join(tmp, "site")
-    shutil.copytree(RULES, site)
-    lines = open(os.path.join(RULES, "_redirects")).read().splitlines()
-    keep = {r.where for r in parse_redirects("\n".join(lines), "") if r.exact and r.keeps_query}
-    with open(os.path.join(site, "_redirects"), "w") as f:
-        f.write("\n".join(ln for n, ln in enumerate(lines, 1) if f":{n}" in keep) + "\n")
-    return site
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +31,7 @@ def rules_port(loop, tmp_path_factory):
     if key not in _servers:
         if loop == "unikernel":
             from unikernel_target import boot
-            _servers[key] = boot(_exact_copy(), [], TEST_LIMITS)
+            _servers[key] = boot(RULES, [], TEST_LIMITS)
         elif loop == "container":
             from container_target import start
             _servers[key] = start(RULES, [], TEST_LIMITS)
@@ -60,12 +43,6 @@ def rules_port(loop, tmp_path_factory):
             _servers[key] = Server(out, "--loop", loop.removesuffix("-pure"), "--workers", "2",
                                    *TEST_LIMITS, **({"env": env} if env else {}))
     return _servers[key].port
-
-
-@pytest.fixture
-def run_time(loop):
-    if loop == EXACT_ONLY:
-        pytest.skip("the unikernel's C core does not match rules at run time yet")
 
 
 def get(port, path, method="GET", **headers):
@@ -121,11 +98,11 @@ def test_rule_files_are_not_served(rules_port, loop):
         assert r.status == 404 and b"X-Frame-Options" not in r.body and b"/home" not in r.body
 
 
-def test_destination_with_its_own_query_drops_the_requests(rules_port, run_time):
+def test_destination_with_its_own_query_drops_the_requests(rules_port):
     assert get(rules_port, "/query-kept?a=1").h("location") == "/about?from=rule"
 
 
-# -- _redirects: run-time rules (not the unikernel yet) ------------------------------------------
+# -- _redirects: run-time rules (every target) -------------------------------------------------
 
 @pytest.mark.parametrize("path,status,location", [
     ("/news/2024/01/hello", 301, "/blog/2024/01/hello"),
@@ -135,7 +112,7 @@ def test_destination_with_its_own_query_drops_the_requests(rules_port, run_time)
     ("/store?a=b&id=7", 301, "/posts/7.html"),
     ("/search?q=orisha", 302, "/about"),
 ])
-def test_run_time_redirects(rules_port, run_time, path, status, location):
+def test_run_time_redirects(rules_port, path, status, location):
     r = get(rules_port, path)
     assert (r.status, r.h("location")) == (status, location)
 
@@ -147,7 +124,7 @@ def test_run_time_redirects(rules_port, run_time, path, status, location):
     ("/store", 404, "404.html"),                    # the condition fails: on to /* → 404
     ("/search?q=other", 404, "404.html"),
 ])
-def test_run_time_rewrites_and_404s(rules_port, run_time, path, status, rel):
+def test_run_time_rewrites_and_404s(rules_port, path, status, rel):
     r = get(rules_port, path, accept_encoding="identity")
     assert r.status == status
     assert r.body == site_file(rel) if rel else b"404 Not Found" in r.body  # (the built-in page)
@@ -274,11 +251,16 @@ def test_bad_options_are_one_line_errors(tmp_path, option, value, needle):
                    option, needle)
 
 
-def test_unikernel_build_refuses_run_time_rules_in_one_line(tmp_path):
-    r = orisha("build", RULES, "-o", str(tmp_path / "o"), "--loop", "unikernel")
-    one_line_error(r, os.path.join(RULES, "_redirects") + ":", "unikernel's C core")
-    site = _site(tmp_path, redirects="/a /d/page.html 302\n/b/* /d/:splat 301\n")
-    one_line_error(orisha("build", site, "-o", str(tmp_path / "o"), "--loop", "unikernel"),
-                   os.path.join(site, "_redirects") + ":2: ", "needs run-time matching",
-                   "unikernel's C core")
-    assert not os.path.exists(tmp_path / "o")
+def test_unikernel_build_refuses_rules_beyond_its_buffers_in_one_line(tmp_path):
+    """The C core's fixed buffers bound a rule (image.PIECES_MAX, SLOTS_MAX, URL_MAX);
+    run-time rules within them build (sites/rules is served by the unikernel above)."""
+    many = "/" + "/".join(f":p{i}" for i in range(17))
+    for text, needle in [
+        ("/a/* /:splat/:splat/:splat/:splat/:splat/:splat 200\n", "unikernel's 65,536"),
+        (f"{many} /d/page.html 302\n", "more than 16 placeholders"),
+        ("/b/* " + "/x:splat" * 17 + " 301\n", "more than 32 pieces"),
+    ]:
+        site = _site(tmp_path, redirects="/ok/* /d/:splat 301\n" + text)
+        one_line_error(orisha("build", site, "-o", str(tmp_path / "o"), "--loop", "unikernel"),
+                       os.path.join(site, "_redirects") + ":2: ", needle)
+        assert not os.path.exists(tmp_path / "o")

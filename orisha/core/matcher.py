@@ -17,8 +17,11 @@ from .negotiate import route_key
 from .site import Redirect, Rules
 
 # What a path segment may carry in a Location (RFC 3986 pchar and "/"): the rest is
-# percent-encoded, since the core matched the decoded path.
-_UNSAFE = re.compile(rb"[^A-Za-z0-9\-._~!$&'()*+,;=:@/]")
+# percent-encoded, since the core matched the decoded path. (The C core's table is
+# generated from LOCATION_SAFE: orisha/targets/unikernel/policy_header.py.)
+LOCATION_SAFE = (b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                 b"-._~!$&'()*+,;=:@/")
+_UNSAFE = re.compile(b"[^" + re.escape(LOCATION_SAFE) + b"]")
 
 
 def _quote(value: bytes) -> bytes:

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import re
 
+# The rule's numbers, named once: the C core gets them from its generated header
+# (orisha/targets/unikernel/policy_header.py).
 GAP = 80                 # bytes: about the head of one more part
 MAX_PARTS = 16
 MAX_BYTES = 1 << 20      # a multipart body is assembled by copying: bound it per response
-_BIG = 1 << 62           # stands for any number longer than 18 digits
+DIGITS = 18              # a position of more digits (leading zeros aside) counts as BIG
+BIG = 1 << 62            # stands for any number longer than DIGITS digits
 
 _UNIT = re.compile(rb"[Bb][Yy][Tt][Ee][Ss]=")
 _SPEC = re.compile(rb"([0-9]*)-([0-9]*)")
@@ -34,7 +37,7 @@ _SPEC = re.compile(rb"([0-9]*)-([0-9]*)")
 
 def _num(digits: bytes) -> int:
     digits = digits.lstrip(b"0") or b"0"
-    return _BIG if len(digits) > 18 else int(digits)
+    return BIG if len(digits) > DIGITS else int(digits)
 
 
 def range_set(value: bytes, length: int) -> list[tuple[int, int]] | None | bool:
@@ -54,7 +57,7 @@ def range_set(value: bytes, length: int) -> list[tuple[int, int]] | None | bool:
         first, last = m.group(1), m.group(2)
         if first:
             start = _num(first)
-            end = _num(last) if last else _BIG
+            end = _num(last) if last else BIG
             if end < start:
                 return None  # an invalid range-spec makes the header invalid (§14.1.1)
             if start >= length:

@@ -92,8 +92,6 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
                                status="404 Not Found", dated=False)
     docs.table = assemble.routes([f.rel for f in files])
     resolved, runtime = rules.resolve(docs.table, redirect_rules)
-    if loop == "unikernel":
-        _check_unikernel(redirect_rules)
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
     compiled = [docs.rule(r) for r in runtime]
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
@@ -107,7 +105,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
                    {"files": served, "bytes": totals}, compiled)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
-            image.write(tmp, docs.used, table, nf, fallback)
+            image.write(tmp, docs.used, table, nf, fallback, compiled)
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
 
@@ -151,18 +149,6 @@ def _rules(site: str, files: list[SourceFile], headers, redirects):
             else:
                 redirect_rules += rules.parse_redirects(text, where)
     return header_rules, redirect_rules
-
-
-def _check_unikernel(redirect_rules: list) -> None:
-    """The C core has no run-time rule matcher yet: only rules the route table can hold."""
-    for r in redirect_rules:
-        if not r.exact:
-            raise BuildError(f"{r.where}: this rule needs run-time matching (splat, placeholder or "
-                             "query condition), which the unikernel's C core does not do yet; "
-                             "use a hosted loop, or exact paths")
-        if r.status in rules.REDIRECT_STATUSES and not r.keeps_query:
-            raise BuildError(f"{r.where}: a destination with its own query needs the request's "
-                             "query dropped, which the unikernel's C core does not do yet")
 
 
 class _Documents:
@@ -227,7 +213,7 @@ class _Documents:
                     entries[key] = self.id(rel, "404 Not Found", self.headers(path, rel))
             self._rules[id(r)] = emit.CompiledRule(
                 r.regex.pattern.encode("utf-8", "surrogateescape"), r.conditions(), r.pieces(),
-                r.status, r.keeps_query, entries)
+                r.status, r.keeps_query, entries, rules.pattern_pieces(r.source), r.where)
         return self._rules[id(r)]
 
 

@@ -58,19 +58,34 @@ _CONDITIONS = ("country", "language", "role", "cookie")
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%-._~"
 
 
+def pattern_pieces(src: str) -> tuple:
+    """A path pattern in order: literal text (str), ``("*", "splat")`` for ``*`` (anything)
+    and ``(":", name)`` for ``:name`` (one path segment). The compiled form both matchers
+    start from: the regular expression below, and the unikernel image's pieces."""
+    out, pos = [], 0
+    for m in _PLACE.finditer(src):
+        if m.start() > pos:
+            out.append(src[pos:m.start()])
+        out.append(("*", "splat") if m.group() == "*" else (":", m.group()[1:]))
+        pos = m.end()
+    if pos < len(src):
+        out.append(src[pos:])
+    return tuple(out)
+
+
 def _pattern(src: str, where: str) -> tuple[str, tuple[str, ...]]:
     """A path pattern as a regular expression: ``*`` → ``splat`` (anything), ``:name`` →
     one path segment. Returns the expression and the placeholder names in order."""
-    out, names, pos = [], [], 0
-    for m in _PLACE.finditer(src):
-        out.append(re.escape(src[pos:m.start()]))
-        name = "splat" if m.group() == "*" else m.group()[1:]
+    out, names = [], []
+    for piece in pattern_pieces(src):
+        if piece.__class__ is str:
+            out.append(re.escape(piece))
+            continue
+        kind, name = piece
         if name in names:
             raise BuildError(f"{where}: {'*' if name == 'splat' else ':' + name} appears twice in {src}")
         names.append(name)
-        out.append("(?P<splat>.*)" if m.group() == "*" else f"(?P<{name}>[^/]+)")
-        pos = m.end()
-    out.append(re.escape(src[pos:]))
+        out.append("(?P<splat>.*)" if kind == "*" else f"(?P<{name}>[^/]+)")
     return "".join(out), tuple(names)
 
 

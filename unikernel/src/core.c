@@ -33,11 +33,15 @@ static const struct image_header *H;
 static const struct image_route *routes;
 static const struct image_entry *entries;
 static const struct image_error *errors;
+static const struct image_rule *rules;
 
 static const struct image_variant *variant_of(const struct image_entry *e, uint32_t i)
 {
     return (const struct image_variant *)(img + e->variants_off) + i;
 }
+
+/* A table field's records (checked at boot: in the image, 4-aligned). */
+#define TABLE(type, rec, f) ((const struct image_##type *)(img + (rec)->f##_off))
 
 static void check_span(uint32_t off, uint32_t len, const char *what)
 {
@@ -52,13 +56,13 @@ static int table_fits(uint32_t off, uint32_t n, uint32_t size, size_t len)
 
 /* Every span of record `rec` (the IMAGE_*_SPANS lists) inside the image. */
 #define CHECK_SPAN(f) check_span(rec->f##_off, rec->f##_len, #f);
+/* A table field of `rec` inside the image. */
+#define CHECK_TABLE(f, type, what) \
+    if (!table_fits(rec->f##_off, rec->f##_n, IMAGE_##type##_SIZE, H->size)) \
+        PANIC("site image: bad %s table of %s", #f, what);
 
-static void check_records(void)
+static void check_entries(void)
 {
-    for (uint32_t i = 0; i < H->errors_n; i++) {
-        const struct image_error *rec = &errors[i];
-        IMAGE_ERROR_SPANS(CHECK_SPAN)
-    }
     for (uint32_t i = 0; i < H->entries_n; i++) {
         const struct image_entry *rec = &entries[i];
         if (!rec->variants_n || rec->identity >= rec->variants_n ||
@@ -73,13 +77,96 @@ static void check_records(void)
             IMAGE_VARIANT_SPANS(CHECK_SPAN)
         }
     }
-    for (uint32_t i = 0; i < H->routes_n; i++) {
-        const struct image_route *rec = &routes[i];
+}
+
+static void check_indices(uint32_t off, uint32_t n)
+{
+    if (!table_fits(off, n, IMAGE_INDEX_SIZE, H->size))
+        PANIC("site image: rule list out of bounds");
+    for (uint32_t k = 0; k < n; k++)
+        if (((const struct image_index *)(img + off))[k].rule >= H->rules_n)
+            PANIC("site image: bad rule index");
+}
+
+/* `n` routes at `table`: `rules_too` allows rule lists and the kind "none". */
+static void check_routes(const struct image_route *table, uint32_t n, int rules_too)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const struct image_route *rec = &table[i];
         if (rec->kind == IMAGE_ROUTE_ENTRY ? rec->entry >= H->entries_n
-                                           : rec->kind != IMAGE_ROUTE_REDIRECT)
+            : rec->kind == IMAGE_ROUTE_NONE ? !rules_too
+            : rec->kind != IMAGE_ROUTE_REDIRECT)
             PANIC("site image: bad route %u", i);
+        if (rec->rules_n && !rules_too)
+            PANIC("site image: rules in a rule's route %u", i);
         IMAGE_ROUTE_SPANS(CHECK_SPAN)
+        check_indices(rec->rules_off, rec->rules_n);
     }
+}
+
+/* A rule's pieces: kinds of a pattern (`path`) or a destination, slots in range. The
+ * longest destination a 200/404 rule builds (image._check_url) must fit URL_MAX. */
+static uint64_t check_pieces(const struct image_rule *rule, const struct image_piece *p,
+                             uint32_t n, int path)
+{
+    uint64_t most = 0;
+    if (n > IMAGE_PIECES_MAX)
+        PANIC("site image: a rule with %u pieces", n);
+    for (uint32_t k = 0; k < n; k++) {
+        const struct image_piece *rec = &p[k];
+        int capture = rec->kind != IMAGE_PIECE_TEXT;
+        int ok = path ? rec->kind <= IMAGE_PIECE_SPLAT
+                      : rec->kind == IMAGE_PIECE_TEXT || rec->kind >= IMAGE_PIECE_QUOTED;
+        if (!ok || (capture && rec->slot >= rule->slots))
+            PANIC("site image: bad rule piece");
+        IMAGE_PIECE_SPANS(CHECK_SPAN)
+        most += !capture ? rec->text_len
+              : (uint64_t)(CORE_TARGET_MAX + 1) * (rec->kind == IMAGE_PIECE_QUOTED ? 3 : 1);
+    }
+    return most;
+}
+
+static void check_rules(void)
+{
+    for (uint32_t i = 0; i < H->rules_n; i++) {
+        const struct image_rule *rec = &rules[i];
+        const char *what = "a rule";
+        CHECK_TABLE(path, PIECE, what)
+        CHECK_TABLE(to, PIECE, what)
+        CHECK_TABLE(query, CONDITION, what)
+        CHECK_TABLE(entries, ROUTE, what)
+        IMAGE_RULE_SPANS(CHECK_SPAN)
+        int redirect = rec->status != 200 && rec->status != 404;
+        if (rec->slots > IMAGE_SLOTS_MAX || redirect != (rec->location_len > 0))
+            PANIC("site image: bad rule %u", i);
+        check_pieces(rec, TABLE(piece, rec, path), rec->path_n, 1);
+        if (check_pieces(rec, TABLE(piece, rec, to), rec->to_n, 0) > IMAGE_URL_MAX && !redirect)
+            PANIC("site image: rule %u builds more than %u bytes", i, IMAGE_URL_MAX);
+        for (uint32_t k = 0; k < rec->query_n; k++) {
+            const struct image_condition *rec2 = &TABLE(condition, rec, query)[k];
+            if (rec2->slot != IMAGE_NONE && rec2->slot >= rec->slots)
+                PANIC("site image: bad condition in rule %u", i);
+            check_span(rec2->key_off, rec2->key_len, "key");
+            check_span(rec2->literal_off, rec2->literal_len, "literal");
+        }
+        check_routes(TABLE(route, rec, entries), rec->entries_n, 0);
+    }
+}
+
+static void check_records(void)
+{
+    const struct image_header *rec = H;
+    IMAGE_HEADER_SPANS(CHECK_SPAN)
+    if (H->delimiter_len < 2)
+        PANIC("site image: no multipart delimiter");
+    for (uint32_t i = 0; i < H->errors_n; i++) {
+        const struct image_error *rec = &errors[i];
+        IMAGE_ERROR_SPANS(CHECK_SPAN)
+    }
+    check_entries();
+    check_routes(routes, H->routes_n, 1);
+    check_indices(H->site_rules_off, H->site_rules_n);
+    check_rules();
 }
 
 uint32_t core_init(const uint8_t *image, size_t len)
@@ -96,13 +183,15 @@ uint32_t core_init(const uint8_t *image, size_t len)
         PANIC("site image: version %u, this kernel reads version %u", H->version, IMAGE_VERSION);
     if (H->size != len)
         PANIC("site image: header says %u bytes, embedded %zu", H->size, len);
-    if (!table_fits(H->routes_off, H->routes_n, IMAGE_ROUTE_SIZE, len) ||
-        !table_fits(H->entries_off, H->entries_n, IMAGE_ENTRY_SIZE, len) ||
-        !table_fits(H->errors_off, H->errors_n, IMAGE_ERROR_SIZE, len))
-        PANIC("site image: tables out of bounds");
-    routes = (const struct image_route *)(image + H->routes_off);
-    entries = (const struct image_entry *)(image + H->entries_off);
-    errors = (const struct image_error *)(image + H->errors_off);
+    const struct image_header *rec = H;
+    CHECK_TABLE(routes, ROUTE, "the header")
+    CHECK_TABLE(entries, ENTRY, "the header")
+    CHECK_TABLE(errors, ERROR, "the header")
+    CHECK_TABLE(rules, RULE, "the header")
+    routes = TABLE(route, H, routes);
+    entries = TABLE(entry, H, entries);
+    errors = TABLE(error, H, errors);
+    rules = TABLE(rule, H, rules);
     if (H->not_found >= H->entries_n || (H->fallback != IMAGE_NONE && H->fallback >= H->entries_n))
         PANIC("site image: bad not-found/fallback entry");
     /* Validate every record once at boot so the request path needs no checks. */
@@ -668,9 +757,146 @@ static int byte_range(struct str v, uint64_t length, uint64_t *first, uint64_t *
     return 1;
 }
 
+/* ---- ranges.py ----------------------------------------------------------------- */
+
+struct part { uint64_t first, last; };
+
+/* _num: digits (1*DIGIT, checked) as a number; more than RANGE_DIGITS of them
+ * (leading zeros aside) count as RANGE_BIG, so no step overflows. */
+static uint64_t range_num(struct str s)
+{
+    while (s.n && s.p[0] == '0')
+        s.p++, s.n--;
+    if (s.n > POLICY_RANGE_DIGITS)
+        return POLICY_RANGE_BIG;
+    uint64_t v = 0;
+    for (size_t i = 0; i < s.n; i++)
+        v = v * 10 + (uint64_t)(s.p[i] - '0');
+    return v;
+}
+
+/* One element of the list, stripped and not empty: 1 with a range, 0 when it is
+ * dropped (unsatisfiable), -1 when it makes the header invalid. */
+static int range_spec(struct str el, uint64_t length, struct part *out)
+{
+    size_t dash = el.n;
+    for (size_t i = 0; i < el.n; i++) { /* [0-9]*-[0-9]* */
+        if (el.p[i] == '-' && dash == el.n)
+            dash = i;
+        else if (el.p[i] < '0' || el.p[i] > '9')
+            return -1;
+    }
+    if (dash == el.n)
+        return -1;
+    struct str a = { el.p, dash }, b = { el.p + dash + 1, el.n - dash - 1 };
+    if (a.n) {
+        uint64_t start = range_num(a), end = b.n ? range_num(b) : POLICY_RANGE_BIG;
+        if (end < start)
+            return -1; /* an invalid range-spec makes the header invalid (§14.1.1) */
+        if (start >= length)
+            return 0;
+        *out = (struct part){ start, end < length - 1 ? end : length - 1 };
+        return 1;
+    }
+    if (!b.n)
+        return -1; /* "-" alone */
+    uint64_t suffix = range_num(b);
+    if (suffix == 0 || length == 0)
+        return 0;
+    *out = (struct part){ suffix >= length ? 0 : length - suffix, length - 1 };
+    return 1;
+}
+
+/* Heapsort by (first, last): a hostile list costs n log n, and needs no memory. */
+static int part_less(const struct part *a, const struct part *b)
+{
+    return a->first != b->first ? a->first < b->first : a->last < b->last;
+}
+
+static void sift(struct part *v, size_t i, size_t n)
+{
+    for (size_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && part_less(&v[c], &v[c + 1]))
+            c++;
+        if (!part_less(&v[i], &v[c]))
+            return;
+        struct part t = v[i];
+        v[i] = v[c];
+        v[c] = t;
+    }
+}
+
+static void sort_parts(struct part *v, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift(v, i, n);
+    for (size_t end = n; end-- > 1;) {
+        struct part t = v[0];
+        v[0] = v[end];
+        v[end] = t;
+        sift(v, 0, end);
+    }
+}
+
+/* Every element of a kept list has two bytes and a comma but the last. */
+static struct part wanted[CORE_HEAD_MAX / 3 + 2];
+
+/* range_set: the ranges of a Range value with a comma, sorted and merged into
+ * parts[] (at most POLICY_RANGE_PARTS_MAX): 1 with *np parts, 0 to ignore the
+ * header (the 200), -1 when none is satisfiable (416). */
+static int range_set(struct str v, uint64_t length, struct part *parts, uint32_t *np)
+{
+    if (v.n < 6 || !ieq((struct str){ v.p, 6 }, "bytes=") || (v.n > 6 && is_ows(v.p[6])))
+        return 0; /* OWS may stand around the commas only */
+    size_t n = 0, s = 6;
+    uint64_t asked = 0;
+    for (size_t i = 6; i <= v.n; i++) {
+        if (i < v.n && v.p[i] != ',')
+            continue;
+        struct str el = strip((struct str){ v.p + s, i - s });
+        s = i + 1;
+        if (!el.n)
+            continue; /* RFC 9110 §5.6.1: empty list elements are ignored */
+        ASSERT(n < sizeof wanted / sizeof wanted[0]);
+        int k = range_spec(el, length, &wanted[n]);
+        if (k < 0)
+            return 0;
+        if (k) {
+            asked += wanted[n].last - wanted[n].first + 1;
+            n++;
+        }
+    }
+    if (!n)
+        return -1;
+    if (asked > length)
+        return 0; /* overlapping abuse: the whole document instead */
+    sort_parts(wanted, n);
+    uint32_t m = 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct part *top = m ? &parts[m - 1] : NULL;
+        if (top && wanted[i].first <= top->last + 1 + POLICY_RANGE_GAP) {
+            total += wanted[i].last > top->last ? wanted[i].last - top->last : 0;
+            if (wanted[i].last > top->last)
+                top->last = wanted[i].last;
+            continue;
+        }
+        if (m == POLICY_RANGE_PARTS_MAX)
+            return 0; /* too many parts: the whole document */
+        parts[m++] = wanted[i];
+        total += wanted[i].last - wanted[i].first + 1;
+    }
+    if (total > POLICY_RANGE_BYTES_MAX)
+        return 0;
+    *np = m;
+    return 1;
+}
+
 /* route_key: percent-decoding, dot segments, merged slashes. 0 if malformed. */
-static uint8_t key_buf[CORE_TARGET_MAX + 2];
-static uint8_t seg_buf[CORE_TARGET_MAX + 2];
+/* Sized for a rule's destination too (IMAGE_URL_MAX >= any request path). */
+_Static_assert(IMAGE_URL_MAX >= CORE_TARGET_MAX + 2, "route_key buffers");
+static uint8_t key_buf[IMAGE_URL_MAX];
+static uint8_t seg_buf[IMAGE_URL_MAX];
 static int route_key(struct str path, struct str *key)
 {
     uint8_t *out = key_buf;
@@ -701,7 +927,7 @@ static int route_key(struct str path, struct str *key)
     }
     /* segments = path.split("/")[1:]; a stack of segments kept in seg_buf */
     size_t top = 0, nseg = 0;
-    static uint16_t starts[CORE_TARGET_MAX + 2];
+    static uint32_t starts[IMAGE_URL_MAX / 2 + 1];
     size_t s = 1;
     struct str last = { 0, 0 };
     size_t total = 1;
@@ -716,7 +942,7 @@ static int route_key(struct str path, struct str *key)
             if (nseg)
                 top = starts[--nseg];
         } else if (!eq(seg, ".") && seg.n) {
-            starts[nseg++] = (uint16_t)top;
+            starts[nseg++] = (uint32_t)top;
             memcpy(seg_buf + top, seg.p, seg.n);
             top += seg.n;
             seg_buf[top++] = '/';
@@ -734,12 +960,13 @@ static int route_key(struct str path, struct str *key)
     return 1;
 }
 
-static const struct image_route *lookup(struct str key)
+/* A route of a table sorted by key (the site's, a 404 rule's destinations). */
+static const struct image_route *lookup(const struct image_route *table, uint32_t n, struct str key)
 {
-    uint32_t lo = 0, hi = H->routes_n;
+    uint32_t lo = 0, hi = n;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        const struct image_route *r = &routes[mid];
+        const struct image_route *r = &table[mid];
         size_t n = r->key_len < key.n ? r->key_len : key.n;
         int c = memcmp(img + r->key_off, key.p, n);
         if (!c)
@@ -752,6 +979,154 @@ static const struct image_route *lookup(struct str key)
             hi = mid;
     }
     return NULL;
+}
+
+/* ---- matcher.py ------------------------------------------------------------------ */
+
+/* A matched rule's captures by slot (one request is answered at a time). They point
+ * into the key (path placeholders) or into the request's query (query names). */
+static struct str caps[IMAGE_SLOTS_MAX];
+
+/* The pattern being matched, and the (piece, position) pairs known to fail: with no
+ * back-references a failure does not depend on the captures before it, so each
+ * pair is tried once and a pattern costs at most pieces x length^2 steps. */
+static struct { const struct image_piece *p; uint32_t n; struct str s; size_t stride; } pat;
+static uint8_t failed[IMAGE_PIECES_MAX * ((CORE_TARGET_MAX + 2) / 8 + 1)];
+
+/* rule.pattern.fullmatch from piece i at position pos, as Python's re does it: a
+ * capture takes the longest run first and gives back a byte at a time. */
+static int match_from(uint32_t i, size_t pos)
+{
+    for (; i < pat.n; i++) {
+        const struct image_piece *p = &pat.p[i];
+        if (p->kind == IMAGE_PIECE_TEXT) {
+            if (pat.s.n - pos < p->text_len || memcmp(pat.s.p + pos, img + p->text_off, p->text_len))
+                return 0;
+            pos += p->text_len;
+            continue;
+        }
+        size_t most = pat.s.n - pos, bit = i * pat.stride * 8 + pos;
+        if (p->kind == IMAGE_PIECE_SEGMENT) { /* [^/]+ */
+            const uint8_t *slash = mem_chr(pat.s.p + pos, '/', most);
+            if (slash)
+                most = (size_t)(slash - (pat.s.p + pos));
+        }
+        if (failed[bit / 8] & (1u << (bit % 8)))
+            return 0;
+        for (size_t len = most + 1; len-- > (p->kind == IMAGE_PIECE_SEGMENT);) {
+            caps[p->slot] = (struct str){ pat.s.p + pos, len };
+            if (match_from(i + 1, pos + len))
+                return 1;
+        }
+        failed[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        return 0;
+    }
+    return pos == pat.s.n;
+}
+
+static int match_path(const struct image_rule *rule, struct str key)
+{
+    pat.p = TABLE(piece, rule, path);
+    pat.n = rule->path_n;
+    pat.s = key;
+    pat.stride = key.n / 8 + 1;
+    ASSERT(pat.stride * pat.n <= sizeof failed);
+    memset(failed, 0, pat.stride * pat.n);
+    return match_from(0, 0);
+}
+
+/* _params: the first value of the raw query parameter `name` ("" without "="). */
+static int query_param(const struct request *r, struct str name, struct str *value)
+{
+    if (!r->has_query)
+        return 0;
+    struct str q = r->query;
+    size_t s = 0;
+    for (size_t i = 0; i <= q.n && q.n; i++) {
+        if (i < q.n && q.p[i] != '&')
+            continue;
+        struct str pair = { q.p + s, i - s };
+        s = i + 1;
+        const uint8_t *eqs = mem_chr(pair.p, '=', pair.n);
+        size_t nn = eqs ? (size_t)(eqs - pair.p) : pair.n;
+        if (nn == name.n && memcmp(pair.p, name.p, nn) == 0) {
+            *value = eqs ? (struct str){ eqs + 1, pair.n - nn - 1 } : (struct str){ pair.p, 0 };
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The query conditions of a rule whose path matched: each parameter present, equal
+ * to its literal or bound to its slot. */
+static int conditions_hold(const struct image_rule *rule, const struct request *r)
+{
+    for (uint32_t k = 0; k < rule->query_n; k++) {
+        const struct image_condition *c = &TABLE(condition, rule, query)[k];
+        struct str v;
+        if (!query_param(r, (struct str){ img + c->key_off, c->key_len }, &v))
+            return 0;
+        if (c->slot != IMAGE_NONE)
+            caps[c->slot] = v;
+        else if (v.n != c->literal_len || memcmp(v.p, img + c->literal_off, v.n))
+            return 0;
+    }
+    return 1;
+}
+
+/* match: the first of the rules listed at `list` matching the key and the query. */
+static const struct image_rule *match_rules(uint32_t list_off, uint32_t n, struct str key,
+                                            const struct request *r)
+{
+    const struct image_index *list = (const struct image_index *)(img + list_off);
+    for (uint32_t k = 0; k < n; k++) {
+        const struct image_rule *rule = &rules[list[k].rule];
+        if (match_path(rule, key) && conditions_hold(rule, r))
+            return rule;
+    }
+    return NULL;
+}
+
+/* _quote: a capture as a Location carries it (RFC 3986 pchar and "/"; the rest
+ * percent-encoded, upper-case hex). Returns the bytes written. */
+static size_t quote(struct str v, uint8_t *out)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t n = 0;
+    for (size_t i = 0; i < v.n; i++) {
+        if (policy_location_safe[v.p[i]]) {
+            out[n++] = v.p[i];
+        } else {
+            out[n++] = '%';
+            out[n++] = (uint8_t)hex[v.p[i] >> 4];
+            out[n++] = (uint8_t)hex[v.p[i] & 15];
+        }
+    }
+    return n;
+}
+
+/* The destination of a 200 or 404 rule up to its query (all route_key looks at),
+ * built whole: image._check_url bounds it by IMAGE_URL_MAX. */
+static uint8_t url_buf[IMAGE_URL_MAX];
+static struct str rule_url(const struct image_rule *rule)
+{
+    static uint8_t quoted[3 * (CORE_TARGET_MAX + 2)];
+    size_t n = 0;
+    for (uint32_t k = 0; k < rule->to_n; k++) {
+        const struct image_piece *p = &TABLE(piece, rule, to)[k];
+        struct str v = p->kind == IMAGE_PIECE_TEXT ? (struct str){ img + p->text_off, p->text_len }
+                                                   : caps[p->slot];
+        if (p->kind == IMAGE_PIECE_QUOTED)
+            v = (struct str){ quoted, quote(v, quoted) };
+        const uint8_t *q = mem_chr(v.p, '?', v.n);
+        size_t take = q ? (size_t)(q - v.p) : v.n;
+        ASSERT(n + take <= sizeof url_buf);
+        memcpy(url_buf + n, v.p, take);
+        n += take;
+        if (q)
+            break;
+    }
+    return (struct str){ url_buf, n };
 }
 
 /* ---- connection.py ----------------------------------------------------------- */
@@ -835,61 +1210,88 @@ static int if_range(const struct request *r, const struct image_entry *e, int64_
     return core_parse_http_date(v.p, v.n, &t) && t == lm;
 }
 
-/* answer(): the response for one complete head (without its final empty line). */
-static void answer(struct core_conn *c, const uint8_t *head, size_t n)
+/* _framing: 0 with the Date/Connection tail kind, whether to close after the
+ * response and the body to discard; else the error status. */
+static int framing(struct core_conn *c, const struct request *r, int *kind, int *close)
 {
-    static struct request req;
-    struct request *r = &req;
-    int status = parse_head(head, n, r);
-    if (status) {
-        emit_error(c, status);
-        return;
-    }
     uint64_t discard = 0;
     if (r->n_list[FIELD_TRANSFER_ENCODING]) {
         /* RFC 9112 §6.1/§6.3: TE with CL is smuggling; chunked → 411; other codings → 400 */
-        if (r->present[FIELD_CONTENT_LENGTH] || r->minor == 0) {
-            emit_error(c, 400);
-            return;
-        }
+        if (r->present[FIELD_CONTENT_LENGTH] || r->minor == 0)
+            return 400;
         struct cursor it = { 0, 0 };
         struct str m, last = { 0, 0 };
         while (next_member(r, FIELD_TRANSFER_ENCODING, &it, &m))
             last = m;
-        emit_error(c, ieq(strip(last), "chunked") ? 411 : 400);
-        return;
+        return ieq(strip(last), "chunked") ? 411 : 400;
     }
     if (r->present[FIELD_CONTENT_LENGTH]) {
         /* RFC 9110 §8.6: 1*DIGIT; more than 18 digits is 400 (_framing) */
         struct str cl = r->single[FIELD_CONTENT_LENGTH];
-        if (cl.n > 18 || !decimal(cl, core_limits.body + 1, &discard)) {
-            emit_error(c, 400);
-            return;
-        }
-        if (discard > core_limits.body) {
-            emit_error(c, 413);
-            return;
-        }
+        if (cl.n > 18 || !decimal(cl, core_limits.body + 1, &discard))
+            return 400;
+        if (discard > core_limits.body)
+            return 413;
     }
-    int kind, close;
     if (r->minor >= 1) {
-        close = tokens_have(r, FIELD_CONNECTION, "close");
-        kind = close ? CLOSE : KEEP;
+        *close = tokens_have(r, FIELD_CONNECTION, "close");
+        *kind = *close ? CLOSE : KEEP;
     } else if (tokens_have(r, FIELD_CONNECTION, "keep-alive")) {
-        kind = KEEP10, close = 0;
+        *kind = KEEP10, *close = 0;
     } else {
-        kind = CLOSE, close = 1;
+        *kind = CLOSE, *close = 1;
     }
     c->discard = discard;
+    return 0;
+}
 
-    int get = eq(r->method, "GET");
-    if (!IN_LIST(r->method, policy_safe_methods)) {
-        int st = IN_LIST(r->method, policy_known_methods) ? 405 : 501;
-        const struct image_error *e = error_for((uint32_t)st);
-        emit(c, img + e->head_off, e->head_len, kind, img + e->body_off, e->body_len, close, 0);
+/* What answers a request (connection.answer's `target`): an entry, a redirect
+ * route, or a rule's redirect (its captures in caps). */
+struct target {
+    const struct image_entry *entry;
+    const struct image_route *route;
+    const struct image_rule *rule;
+};
+
+static const struct image_entry *fallback_or_not_found(void)
+{
+    return &entries[H->fallback != IMAGE_NONE ? H->fallback : H->not_found];
+}
+
+/* A route's own answer (a Rules route's default); `none` when it has none. */
+static void route_answer(const struct image_route *rt, const struct image_entry *none,
+                         struct target *t)
+{
+    if (rt && rt->kind == IMAGE_ROUTE_REDIRECT)
+        t->route = rt;
+    else
+        t->entry = rt && rt->kind == IMAGE_ROUTE_ENTRY ? &entries[rt->entry] : none;
+}
+
+/* matcher._target: a redirect is built when answered; a 200 rewrite answers as the
+ * destination's route (a Rules route by its default), a 404 rule with the document
+ * it lists for the destination; else the not-found document. */
+static void rule_answer(const struct image_rule *rule, struct target *t)
+{
+    if (rule->location_len) {
+        t->rule = rule;
         return;
     }
+    struct str key;
+    int ok = route_key(rule_url(rule), &key);
+    const struct image_entry *nf = &entries[H->not_found];
+    if (rule->status == 404) {
+        const struct image_route *rt = ok ? lookup(TABLE(route, rule, entries), rule->entries_n, key) : NULL;
+        t->entry = rt ? &entries[rt->entry] : nf;
+    } else {
+        route_answer(ok ? lookup(routes, H->routes_n, key) : NULL, nf, t);
+    }
+}
 
+/* Routing: the route table by the path as sent, then by its key; the run-time rules
+ * on a miss, a Rules route's own rules first. 0 for a malformed path (400). */
+static int choose(const struct request *r, struct target *t)
+{
     /* After absolute-form the path may lack its '/': put it back (parse_head does). */
     struct str path = r->path;
     static uint8_t slash_path[CORE_TARGET_MAX + 2];
@@ -898,35 +1300,160 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
         memcpy(slash_path + 1, path.p, path.n);
         path = (struct str){ slash_path, path.n + 1 };
     }
-    const struct image_route *rt = lookup(path);
+    *t = (struct target){ 0 };
+    struct str key = path;
+    const struct image_route *rt = lookup(routes, H->routes_n, path);
     if (!rt) {
-        struct str key;
-        if (!route_key(path, &key)) {
-            emit_error(c, 400);
-            c->discard = 0;
-            return;
-        }
-        rt = lookup(key);
+        if (!route_key(path, &key))
+            return 0;
+        rt = lookup(routes, H->routes_n, key);
     }
-    const struct image_entry *e;
-    if (rt && rt->kind == IMAGE_ROUTE_REDIRECT) {
-        /* Redirect: location + ("?" + query) + tail, no body */
-        make_tail(c, kind);
-        seg(c, img + rt->location_off, rt->location_len, 0);
-        if (r->has_query) {
-            ASSERT(r->query.n + 1 <= sizeof c->dyn);
-            c->dyn[0] = '?';
-            memcpy(c->dyn + 1, r->query.p, r->query.n);
-            seg(c, c->dyn, r->query.n + 1, 1);
-        }
-        seg(c, img + rt->tail_off, rt->tail_len, 0);
-        seg(c, c->tail, tails_len[kind], 1);
-        if (close)
-            c->close_after = 1;
-        return;
-    }
-    e = &entries[rt ? rt->entry : H->fallback != IMAGE_NONE ? H->fallback : H->not_found];
+    const struct image_rule *rule = rt ? match_rules(rt->rules_off, rt->rules_n, key, r)
+                                       : match_rules(H->site_rules_off, H->site_rules_n, key, r);
+    if (rule)
+        rule_answer(rule, t);
+    else
+        route_answer(rt, fallback_or_not_found(), t);
+    return 1;
+}
 
+/* A redirect: its Location (a route's, or a rule's destination with the captures,
+ * percent-encoded into dyn once each), "?" + the query when it passes it on, its
+ * tail. The query and raw captures are copied from the head in the input buffer. */
+static void emit_redirect(struct core_conn *c, const struct request *r, const struct target *t,
+                          int kind, int close)
+{
+    const struct image_rule *rule = t->rule;
+    make_tail(c, kind);
+    seg(c, img + (rule ? rule->location_off : t->route->location_off),
+        rule ? rule->location_len : t->route->location_len, 0);
+    struct str quoted[IMAGE_SLOTS_MAX] = { { 0, 0 } };
+    size_t used = 0;
+    for (uint32_t k = 0; rule && k < rule->to_n; k++) {
+        const struct image_piece *p = &TABLE(piece, rule, to)[k];
+        if (p->kind == IMAGE_PIECE_TEXT) {
+            seg(c, img + p->text_off, p->text_len, 0);
+        } else if (p->kind == IMAGE_PIECE_RAW) {
+            seg(c, caps[p->slot].p, caps[p->slot].n, 1);
+        } else {
+            if (!quoted[p->slot].p) {
+                ASSERT(used + 3 * caps[p->slot].n <= sizeof c->dyn);
+                quoted[p->slot] = (struct str){ (uint8_t *)c->dyn + used,
+                                                quote(caps[p->slot], (uint8_t *)c->dyn + used) };
+                used += quoted[p->slot].n;
+            }
+            seg(c, quoted[p->slot].p, quoted[p->slot].n, 1);
+        }
+    }
+    if (r->has_query && ((rule ? rule->flags : t->route->flags) & IMAGE_ROUTE_QUERY)) {
+        seg(c, "?", 1, 0);
+        seg(c, r->query.p, r->query.n, 1);
+    }
+    seg(c, img + (rule ? rule->tail_off : t->route->tail_off),
+        rule ? rule->tail_len : t->route->tail_len, 0);
+    seg(c, c->tail, tails_len[kind], 1);
+    if (close)
+        c->close_after = 1;
+}
+
+/* A single-part 206: status block in dyn, the identity fields, the bytes. */
+static void emit_206(struct core_conn *c, const struct image_variant *id, uint64_t first,
+                     uint64_t last, int kind, int close)
+{
+    int m = platform_snprintf(c->dyn, sizeof c->dyn,
+                              "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %lu-%lu/%lu\r\n"
+                              "Content-Length: %lu\r\n",
+                              (unsigned long)first, (unsigned long)last,
+                              (unsigned long)id->body_len, (unsigned long)(last - first + 1));
+    ASSERT(m > 0 && m < (int)sizeof c->dyn);
+    make_tail(c, kind);
+    seg(c, c->dyn, (size_t)m, 1);
+    seg(c, img + id->fields_off, id->fields_len, 0);
+    seg(c, c->tail, tails_len[kind], 1);
+    seg(c, img + id->body_off + first, last - first + 1, 0);
+    if (close)
+        c->close_after = 1;
+}
+
+/* A multipart/byteranges 206 (connection._ranges, ranges.multipart), streamed: each
+ * part is its delimiter, the entry's part head, "FIRST-LAST/LENGTH" and a blank
+ * line (formatted into dyn), and its bytes straight from the image. */
+static void emit_multipart(struct core_conn *c, const struct image_entry *e,
+                           const struct part *parts, uint32_t n, int kind, int close)
+{
+    const struct image_variant *id = variant_of(e, e->identity);
+    struct str nums[POLICY_RANGE_PARTS_MAX];
+    size_t at = 0;
+    uint64_t body = H->close_delimiter_len;
+    for (uint32_t i = 0; i < n; i++) {
+        int m = platform_snprintf(c->dyn + at, sizeof c->dyn - at, "%lu-%lu/%lu\r\n\r\n",
+                                  (unsigned long)parts[i].first, (unsigned long)parts[i].last,
+                                  (unsigned long)id->body_len);
+        ASSERT(m > 0 && (size_t)m < sizeof c->dyn - at);
+        nums[i] = (struct str){ (uint8_t *)c->dyn + at, (size_t)m };
+        at += (size_t)m;
+        body += H->delimiter_len - (i ? 0 : 2) + e->part_type_len + (uint64_t)m +
+                parts[i].last - parts[i].first + 1;
+    }
+    int m = platform_snprintf(c->dyn + at, sizeof c->dyn - at, "%lu\r\n", (unsigned long)body);
+    ASSERT(m > 0 && (size_t)m < sizeof c->dyn - at);
+    make_tail(c, kind);
+    seg(c, img + H->multi_head_off, H->multi_head_len, 0);
+    seg(c, c->dyn + at, (size_t)m, 1);
+    seg(c, img + e->multi_fields_off, e->multi_fields_len, 0);
+    seg(c, c->tail, tails_len[kind], 1);
+    for (uint32_t i = 0; i < n; i++) {
+        seg(c, img + H->delimiter_off + (i ? 0 : 2), H->delimiter_len - (i ? 0 : 2), 0);
+        seg(c, img + e->part_type_off, e->part_type_len, 0);
+        seg(c, nums[i].p, nums[i].n, 1);
+        seg(c, img + id->body_off + parts[i].first, parts[i].last - parts[i].first + 1, 0);
+    }
+    seg(c, img + H->close_delimiter_off, H->close_delimiter_len, 0);
+    if (close)
+        c->close_after = 1;
+}
+
+/* The Range part of _conditional (If-Range passed): 1 if a 206 or 416 was planned,
+ * 0 for the 200. A value with a comma is a list (_ranges), else one range. */
+static int answer_range(struct core_conn *c, const struct request *r, const struct image_entry *e,
+                        int kind, int close)
+{
+    const struct image_variant *id = variant_of(e, e->identity);
+    struct str v = r->single[FIELD_RANGE];
+    static struct part parts[POLICY_RANGE_PARTS_MAX];
+    uint32_t n = 1;
+    int got = mem_chr(v.p, ',', v.n) ? range_set(v, id->body_len, parts, &n)
+                                     : byte_range(v, id->body_len, &parts[0].first, &parts[0].last);
+    if (got < 0)
+        emit(c, img + e->head_416_off, e->head_416_len, kind, NULL, 0, close, 0);
+    else if (got && n == 1)
+        emit_206(c, id, parts[0].first, parts[0].last, kind, close);
+    else if (got)
+        emit_multipart(c, e, parts, n, kind, close);
+    return got != 0;
+}
+
+/* _conditional: a 304, 206 or 416 if one was planned (1), else 0 for the 200. */
+static int conditional(struct core_conn *c, const struct request *r, const struct image_entry *e,
+                       const struct image_variant *v, int ranged, int kind, int close)
+{
+    int64_t lm = (int64_t)((uint64_t)e->last_modified_hi << 32 | e->last_modified_lo);
+    struct str ims = r->single[FIELD_IF_MODIFIED_SINCE];
+    int64_t t;
+    if (r->n_list[FIELD_IF_NONE_MATCH] ? none_match(r, (struct str){ img + v->etag_off, v->etag_len })
+        : r->present[FIELD_IF_MODIFIED_SINCE] && ims.n && core_parse_http_date(ims.p, ims.n, &t) && lm <= t) {
+        emit(c, img + v->head_304_off, v->head_304_len, kind, NULL, 0, close, 0);
+        return 1;
+    }
+    if (!ranged || !r->present[FIELD_RANGE] || !r->single[FIELD_RANGE].n || !if_range(r, e, lm))
+        return 0;
+    return answer_range(c, r, e, kind, close);
+}
+
+/* The entry's answer: negotiation (406), conditionals and ranges, else its 200. */
+static void answer_entry(struct core_conn *c, const struct request *r, const struct image_entry *e,
+                         int get, int kind, int close)
+{
     int mask = accept_encoding_mask(r);
     if (e->choice[mask] == IMAGE_NO_VARIANT) {
         const struct image_error *er = error_for(406);
@@ -935,50 +1462,40 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
         return;
     }
     const struct image_variant *v = variant_of(e, e->choice[mask]);
-    int64_t lm = (int64_t)((uint64_t)e->last_modified_hi << 32 | e->last_modified_lo);
-    if (e->flags & IMAGE_ENTRY_CONDITIONAL) {
-        if (r->n_list[FIELD_IF_NONE_MATCH]) {
-            if (none_match(r, (struct str){ img + v->etag_off, v->etag_len })) {
-                emit(c, img + v->head_304_off, v->head_304_len, kind, NULL, 0, close, 0);
-                return;
-            }
-        } else if (r->present[FIELD_IF_MODIFIED_SINCE] && r->single[FIELD_IF_MODIFIED_SINCE].n) {
-            int64_t t;
-            if (core_parse_http_date(r->single[FIELD_IF_MODIFIED_SINCE].p, r->single[FIELD_IF_MODIFIED_SINCE].n, &t) && lm <= t) {
-                emit(c, img + v->head_304_off, v->head_304_len, kind, NULL, 0, close, 0);
-                return;
-            }
-        }
-        if (get && r->present[FIELD_RANGE] && r->single[FIELD_RANGE].n && (mask & CODING_IDENTITY) &&
-            if_range(r, e, lm)) {
-            const struct image_variant *id = variant_of(e, e->identity);
-            uint64_t first, last;
-            int br = byte_range(r->single[FIELD_RANGE], id->body_len, &first, &last);
-            if (br < 0) {
-                emit(c, img + e->head_416_off, e->head_416_len, kind, NULL, 0, close, 0);
-                return;
-            }
-            if (br > 0) {
-                int m = platform_snprintf(c->dyn, sizeof c->dyn,
-                                          "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %lu-%lu/%lu\r\n"
-                                          "Content-Length: %lu\r\n",
-                                          (unsigned long)first, (unsigned long)last,
-                                          (unsigned long)id->body_len,
-                                          (unsigned long)(last - first + 1));
-                ASSERT(m > 0 && m < (int)sizeof c->dyn);
-                make_tail(c, kind);
-                seg(c, c->dyn, (size_t)m, 1);
-                seg(c, img + id->fields_off, id->fields_len, 0);
-                seg(c, c->tail, tails_len[kind], 1);
-                seg(c, img + id->body_off + first, last - first + 1, 0);
-                if (close)
-                    c->close_after = 1;
-                return;
-            }
-        }
-    }
+    if ((e->flags & IMAGE_ENTRY_CONDITIONAL) &&
+        conditional(c, r, e, v, get && (mask & CODING_IDENTITY), kind, close))
+        return;
     emit(c, img + v->head_off, v->head_len, kind, img + v->body_off, get ? v->body_len : 0,
          close, 0);
+}
+
+/* answer(): the response for one complete head (without its final empty line). */
+static void answer(struct core_conn *c, const uint8_t *head, size_t n)
+{
+    static struct request req;
+    struct request *r = &req;
+    int kind = CLOSE, close = 1;
+    int status = parse_head(head, n, r);
+    if (!status)
+        status = framing(c, r, &kind, &close);
+    if (status) {
+        emit_error(c, status);
+        return;
+    }
+    if (!IN_LIST(r->method, policy_safe_methods)) {
+        const struct image_error *e = error_for(IN_LIST(r->method, policy_known_methods) ? 405 : 501);
+        emit(c, img + e->head_off, e->head_len, kind, img + e->body_off, e->body_len, close, 0);
+        return;
+    }
+    struct target t;
+    if (!choose(r, &t)) {
+        emit_error(c, 400);
+        return;
+    }
+    if (t.entry)
+        answer_entry(c, r, t.entry, eq(r->method, "GET"), kind, close);
+    else
+        emit_redirect(c, r, &t, kind, close);
 }
 
 void core_connect(struct core_conn *c, uint64_t now_ms, uint32_t open)

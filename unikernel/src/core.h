@@ -11,8 +11,9 @@
  *
  * Per connection: feed input with core_take() while core_wants_input(), ask
  * core_next() for the next response, write c->resp (segments in order; a
- * segment with `copy` set lives in the connection and must be copied), call
- * core_sent() when the peer acknowledges bytes, core_tick() about twice a
+ * segment with `copy` set lives in the connection — its tail, dyn or input
+ * buffer — and must be copied before the next core_take() or core_next()),
+ * call core_sent() when the peer acknowledges bytes, core_tick() about twice a
  * second, and close once core_done() says so.
  */
 #ifndef ORISHA_CORE_H
@@ -42,7 +43,16 @@ struct core_seg {
     uint8_t copy;            /* 1: bytes live in the connection (copy them) */
 };
 
-#define CORE_SEGS 4
+/* The most segments of one response: a multipart/byteranges 206 (head, length,
+ * fields, tail, four per part, the close delimiter), or a rule's redirect
+ * (Location prefix, its pieces, "?", query, tail, Date). */
+#define CORE_SEGS (5 + 4 * POLICY_RANGE_PARTS_MAX)
+_Static_assert(CORE_SEGS >= IMAGE_PIECES_MAX + 5, "segments of a rule's redirect");
+/* Per-connection bytes of a response: a 206 status block, a multipart's part
+ * numbers, or a rule redirect's captures percent-encoded (3 bytes per byte of
+ * a path at most: the captures are disjoint parts of it). */
+#define CORE_DYN_MAX (3 * (CORE_TARGET_MAX + 2))
+_Static_assert(CORE_DYN_MAX >= POLICY_RANGE_PARTS_MAX * 64 + 32, "multipart part numbers");
 struct core_resp {
     struct core_seg seg[CORE_SEGS];
     uint8_t n;               /* 0: no response pending */
@@ -56,7 +66,7 @@ struct core_conn {
     uint8_t close_after;     /* no more requests: close once resp is written */
     struct core_resp resp;
     char tail[64];           /* Date + Connection lines of resp */
-    char dyn[CORE_TARGET_MAX + 96]; /* "?query" of a redirect, or a 206 status + ranges */
+    char dyn[CORE_DYN_MAX];  /* see CORE_DYN_MAX */
     uint8_t buf[CORE_HEAD_MAX + 4];
 };
 
