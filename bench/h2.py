@@ -9,6 +9,7 @@ byte-identical over https first. Then, in interleaved rounds, per server:
   h2 1 KB / 13 KB   h2load -c 10 -m 10 for --seconds (after a warm-up): req/s
                     and the server's CPU time per request (utime+stime of every
                     process of its session, from /proc, over the timed run);
+  https/1.1 1 KB    the same with h2load --h1 (ALPN http/1.1, 10 connections);
   handshakes/s      h2load -c N -n N: every connection makes one TLS 1.3 full
                     handshake and one request; connections per second and
                     server CPU per connection.
@@ -130,6 +131,8 @@ def main() -> None:
             for s in servers if rnd % 2 == 0 else servers[::-1]:  # interleaved A/B
                 for name, path in DOCS.items():
                     results.setdefault(f"h2 {name}|{s}", []).append(measure(procs[s], path, timed))
+                results.setdefault(f"https/1.1 1 KB|{s}", []).append(  # the same over HTTP/1.1
+                    measure(procs[s], DOCS["1 KB"], ["--h1", "-c", "10", *timed[4:]]))
                 results.setdefault(f"handshakes|{s}", []).append(measure(procs[s], DOCS["1 KB"], hs))
     finally:
         for p in procs.values():
@@ -143,7 +146,7 @@ def report(results: dict, servers: list[str], args) -> None:
           f"TLS 1.3, ALPN h2, Accept-Encoding: gzip.\n")
     print("| run | server | req/s (or conn/s) | server CPU µs per request | ratio to nginx (req/s) |")
     print("|---|---|---:|---:|---:|")
-    for run in [f"h2 {n}" for n in DOCS] + ["handshakes"]:
+    for run in [f"h2 {n}" for n in DOCS] + ["https/1.1 1 KB", "handshakes"]:
         base = med(f"{run}|nginx", "rps") if run != "handshakes" else \
             args.handshakes / med(f"{run}|nginx", "secs")
         for s in servers:
