@@ -69,7 +69,7 @@ def tls_connect(port: int, ctx: ssl.SSLContext, timeout: float = 10, session=Non
     return ctx.wrap_socket(raw, server_hostname="localhost", session=session)
 
 
-def serve(build: str, *args: str):
+def serve(build: str, *args: str, env: dict | None = None):
     """`orisha serve` in a subprocess (conftest's ``Server``), its port read from an
     ``https://`` or ``http://`` start-up line."""
     import re
@@ -77,7 +77,7 @@ def serve(build: str, *args: str):
     from conftest import Server
     s = Server.__new__(Server)
     s.proc = subprocess.Popen(Server.cmd(build, *args), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, env=env)
     s.line = s.proc.stdout.readline()
     m = re.search(r"https?://([\d.]+):(\d+)/", s.line)
     if not m:
@@ -90,7 +90,8 @@ def serve(build: str, *args: str):
 # -- fixtures shared by test_tls.py, test_h2.py and test_h2_attacks.py ----------------------
 import pytest  # noqa: E402
 
-HOSTED = ["epoll", "io-uring", "kqueue", "asyncio"]
+# The loops, and the pure-Python bodies of those that also have a compiled one (conftest.PURE).
+HOSTED = ["epoll", "io-uring", "kqueue", "asyncio", "epoll-pure", "io-uring-pure"]
 _servers: dict = {}
 _pki: list = []
 
@@ -115,8 +116,10 @@ def tls_server(builds, loop: str, pki, *extra: str):
     key = (loop, pki is None, extra)
     if key not in _servers:
         tls = ["--tls-cert", pki.chain, "--tls-key", pki.key] if pki else []
-        _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2", *tls,
-                              *TEST_LIMITS, *extra)
+        pure = loop.endswith("-pure")
+        env = {**os.environ, "ORISHA_PURE": "1"} if pure else None
+        _servers[key] = serve(builds["notfound"], "--loop", loop.removesuffix("-pure"), "--workers",
+                              "2", *tls, *TEST_LIMITS, *extra, env=env)
     return _servers[key]
 
 
