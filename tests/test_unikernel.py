@@ -170,6 +170,47 @@ def test_the_c_sources_retype_no_policy(tmp_path):
 
 
 
+# Elements of a Range list: every branch of ranges.range_set (dropped, invalid, saturated).
+_ODD_SPECS = ["", " ", "-", "1-2-3", "x", "0x1-2", "+1-2", "1 -2", "1- 2", "9" * 19 + "-",
+              "0" * 30 + "5-6", "-" + "9" * 25, "1-" + "9" * 19, "9" * 18 + "-",
+              "9" * 20 + "-" + "9" * 20, "9" * 19 + "-" + "9" * 18, "\t3-4\t", "\xd9\xa3-4", "-0",
+              "0-", "1200037-", "1200038-", "-1200039", "1023-1023", "1024-2000"]
+
+
+def _range_spec(rnd) -> str:
+    scale = rnd.choice([10, 120, 1100, 1_200_038])
+    k = rnd.random()
+    a = rnd.randint(0, scale)
+    if k < 0.35:  # gaps around ranges.GAP decide what merges
+        return f"{a}-{a + rnd.choice([0, 1, 2, 79, 80, 81, 82, rnd.randint(0, scale)])}"
+    if k < 0.45:
+        return f"{a}-"
+    if k < 0.6:
+        return f"-{rnd.choice([0, 1, 5, a])}"
+    if k < 0.75:
+        return f"{a}-{rnd.randint(0, scale)}"  # last < first makes the header invalid
+    return rnd.choice(_ODD_SPECS)
+
+
+def _range_list(rnd) -> str:
+    """A Range value with a comma (ranges.range_set): overlapping, adjacent and distant
+    ranges, suffixes and prefixes, more than MAX_PARTS parts, OWS and empty elements."""
+    fixed = ["bytes=0-,0-", "bytes=0-1,5-6", "bytes=,0-1", "bytes=0-1,", "bytes=-1,0-0",
+             "bytes=0-524287,600000-1124287", "bytes=0-524288,600000-1124287",
+             "bytes=" + ",".join(f"{i * 100}-{i * 100}" for i in range(16)),
+             "bytes=" + ",".join(f"{i * 100}-{i * 100}" for i in range(17)),
+             "bytes=" + ",".join(f"{i * 82}-{i * 82}" for i in range(40)),
+             "bytes=" + ",".join("0-0" for _ in range(1900))]
+    if rnd.random() < 0.15:
+        return rnd.choice(fixed)
+    seps = [",", ",", ", ", " ,", ",\t", ",,", " , "]
+    count = rnd.choice([2, 2, 3, 4, 16, 17, rnd.randint(2, 40)])
+    value = _range_spec(rnd) + "".join(rnd.choice(seps) + _range_spec(rnd) for _ in range(count - 1))
+    unit = rnd.choice(["bytes="] * 8 + ["Bytes=", "BYTES=", "bytes= ", "bytes=\t", "bytes =",
+                                        "items=", "bytes"])
+    return unit + value
+
+
 def _heads(site, n: int, seed: int = 9112) -> list[bytes]:
     """Request streams mixing every feature and malformation the cores interpret."""
     import random
@@ -208,13 +249,13 @@ def _heads(site, n: int, seed: int = 9112) -> list[bytes]:
         lambda: "If-None-Match: " + rnd.choice(tags + ["*", f"W/{rnd.choice(tags)}", '"nope"',
                                                          f'"x", {rnd.choice(tags)}', ""]),
         lambda: "If-Modified-Since: " + rnd.choice(dates),
-        lambda: "Range: " + rnd.choice(["bytes=0-99", "bytes=-5", "bytes=5-", "bytes=1-0",
-                                         "bytes=99999999999999999999-1", "bytes=0-1,5-6",
-                                         "bytes = 3 - 4", "bytes=-0", "bytes=99999999-", "items=0-1",
-                                         "bytes=00000000000000000000000000001-2", "bytes=3 -4",
-                                         "bytes= 3-4", "bytes=+3-4", "bytes=3_0-40", "bytes=" + "9" * 5000 + "-",
-                                         "bytes=0-" + "9" * 40, "bytes=-" + "9" * 40, "bytes=-\xd9\xa3",
-                                         "bytes=" + "9" * 30 + "-" + "9" * 29 + "8", "bytes=0-4-5"]),
+        lambda: "Range: " + (_range_list(rnd) if rnd.random() < 0.5 else rnd.choice([
+            "bytes=0-99", "bytes=-5", "bytes=5-", "bytes=1-0", "bytes=99999999999999999999-1",
+            "bytes=0-1,5-6", "bytes = 3 - 4", "bytes=-0", "bytes=99999999-", "items=0-1",
+            "bytes=00000000000000000000000000001-2", "bytes=3 -4", "bytes= 3-4", "bytes=+3-4",
+            "bytes=3_0-40", "bytes=" + "9" * 5000 + "-", "bytes=0-" + "9" * 40,
+            "bytes=-" + "9" * 40, "bytes=-\xd9\xa3", "bytes=" + "9" * 30 + "-" + "9" * 29 + "8",
+            "bytes=0-4-5", "Bytes=0-1", "bytes=0-1 "])),
         lambda: "If-Range: " + rnd.choice(tags + dates[:2]),
         lambda: "Connection: " + rnd.choice(["close", "keep-alive", "Keep-Alive, x", "upgrade"]),
         lambda: "Content-Length: " + rnd.choice(["0", "3", "abc", "99999999", "", "0003", "+3", "-3",
@@ -248,20 +289,139 @@ def _heads(site, n: int, seed: int = 9112) -> list[bytes]:
     return out
 
 
-def test_the_c_core_answers_like_the_python_core(image):
-    """The same build served by the Python core (epoll) and booted: the same bytes but Date."""
+@pytest.fixture(scope="module")
+def cores(image):
+    """The demo build served by the Python core (epoll) and booted."""
+    yield from _both(image)
+
+
+def _both(out: str):
     from conftest import Server
-    from httpraw import exchange
-    from unikernel_target import Booted
-    site = load_site(image)
-    py = Server(image, "--loop", "epoll", "--workers", "1")
-    uk = Booted(image, [])
-    date = re.compile(rb"Date: [^\r\n]*\r\n")
+    py = Server(out, "--loop", "epoll", "--workers", "1")
     try:
-        for i, data in enumerate(_heads(site, 800)):
-            want = date.sub(b"", exchange(py.port, data))
-            got = date.sub(b"", exchange(uk.port, data))
-            assert got == want, (i, data, want[:600], got[:600])
+        uk = Booted(out, [])
+    except BaseException:
+        py.stop()
+        raise
+    try:
+        yield py, uk
     finally:
         py.stop()
         assert uk.stop() == 0
+
+
+def _compare(cores, streams: list[bytes]) -> None:
+    """The same bytes from both cores for every stream, but the Date line."""
+    from httpraw import exchange
+    py, uk = cores
+    date = re.compile(rb"Date: [^\r\n]*\r\n")
+    for i, data in enumerate(streams):
+        want = date.sub(b"", exchange(py.port, data))
+        got = date.sub(b"", exchange(uk.port, data))
+        assert got == want, (i, data[:600], want[:600], got[:600])
+
+
+def test_the_c_core_answers_like_the_python_core(image, cores):
+    """The same build served by the Python core (epoll) and booted: the same bytes but Date."""
+    _compare(cores, _heads(load_site(image), 800))
+
+
+def test_the_c_core_answers_several_ranges_like_the_python_core(image, cores):
+    """Range lists (ranges.range_set, the multipart 206) on documents of every size."""
+    import random
+    rnd = random.Random(14)
+    targets = ["/files/big.txt"] * 3 + ["/css/site.css", "/", "/img/pixel.png", "/files/empty.txt",
+                                        "/nope", "/files/caf%C3%A9%20men%C3%BC.txt"]
+    streams = []
+    for _ in range(300):
+        data = b""
+        for _ in range(rnd.choice([1, 1, 2, 3])):
+            method = rnd.choice(["GET"] * 5 + ["HEAD"])
+            data += (f"{method} {rnd.choice(targets)} HTTP/1.1\r\nHost: x\r\n"
+                     f"Range: {_range_list(rnd)}\r\n\r\n").encode("latin-1")
+        streams.append(data)
+    _compare(cores, streams)
+
+
+# -- the C matcher against the Python one: sites/rules, and rules that stress it ----------
+
+# Rules before the site's own (--redirect comes first), each under its own prefix: two
+# placeholders in a segment, a splat inside the path, a placeholder before text or a
+# splat, a capture used thrice, query captures into a rewrite's path and a redirect's
+# query, rewrites to a redirect and to a Rules route, a 404 rule's destinations, forced
+# query rules on files (Rules routes with placeholders), non-ASCII and escaped literals.
+STRESS_RULES = [
+    "/two/:a-:b /blog/:b/:a 302", "/mid/*/end /x/:splat 301", "/ext/:name.html /posts/:name.html 200",
+    "/q/:x k=:v /posts/:v.html 200", "/qq k=:v t=lit /about?v=:v&x=:k 307",
+    "/to-dir/* /docs 200", "/to-store/* /store 200", "/rep/:a /x/:a/:a/:a 301",
+    "/gone2/* /en/:splat 404", "/adj/:a* /blog/:a/:splat 301", "/blog/* v=:v /about?ver=:v 302!",
+    "/café/* /blog/:splat 301", "/pct/* /posts/%34%32.html 200", "/back/* /:splat/../about.html 200",
+]
+
+
+@pytest.fixture(scope="module")
+def rules_cores(tmp_path_factory):
+    from test_rules import RULES
+    out = str(tmp_path_factory.mktemp("uk") / "rules")
+    opts = [a for rule in STRESS_RULES for a in ("--redirect", rule)]
+    r = orisha("build", RULES, "-o", out, "--loop", "unikernel", *opts)
+    assert r.returncode == 0, r.stderr
+    yield from _both(out)
+
+
+# Paths that reach each rule's edges; the generator also composes random ones.
+_RULE_PATHS = [
+    "/two/a-b", "/two/a-b-c", "/two/-", "/two/a--b", "/two/-a", "/mid/x/end", "/mid/end",
+    "/mid//end", "/mid/a/b/end", "/mid/end/end", "/ext/42.html", "/ext/7.html", "/ext/.html",
+    "/ext/x.html.html", "/ext/42.html/", "/q/x?k=42", "/q/x?k=7", "/q/?k=42", "/q/x?k=..%2F42",
+    "/q/x?k=%34%32", "/q/x?k=4?2", "/q/x?k=42&k=7", "/qq?k=1&t=lit", "/qq?t=lit&k=a%20b",
+    "/qq?k=&t=lit", "/qq?k=x&t=lit&k=y", "/qq?t=lit", "/qq?k=1&t=li", "/qq?k=1&t=lit#f",
+    "/rep/abc", "/rep/a%20b", "/rep/caf%C3%A9", "/rep/a%2Fb", "/rep/%25", "/gone2/404.html",
+    "/gone2/x", "/gone2/", "/adj/abc", "/adj/a/b", "/adj/", "/adj/a", "/blog/hello.html?v=2",
+    "/blog/?v=", "/blog/index.html?v=%2F", "/blog/hello?v=1", "/blog/hello.html?x=1",
+    "/pct/x", "/pct/", "/back/x", "/back/a/b", "/back/", "/to-dir/x?y=1", "/to-dir/x",
+    "/to-store/?id=42", "/to-store/x", "/store?id=42&x", "/store?id=", "/store?id", "/store?",
+    "/news/a%3Fb", "/news/a?b", "/news/%E2%82%AC", "/news/", "/news", "/posts/42/edit",
+    "/posts/7/edit?x", "/posts/x/edit", "/posts//edit", "/caf%C3%A9/x", "/café/x?q",
+    "/en/", "/en/x/y", "/search?q=orisha&q=x", "/search?x&q=orisha", "/app/", "/app",
+]
+
+
+def _rule_paths(rnd) -> str:
+    if rnd.random() < 0.5:
+        return rnd.choice(_RULE_PATHS)
+    prefixes = ["/news/", "/store", "/search", "/posts/", "/app/", "/en/", "/two/", "/mid/",
+                "/ext/", "/q/", "/qq", "/to-dir/", "/to-store/", "/rep/", "/gone2/", "/adj/",
+                "/blog/", "/caf%C3%A9/", "/café/", "/pct/", "/back/", "/", "/home", "/docs",
+                "/about", "/assets/", "/kept.html", "/forced.html", "/pretty", "/gone",
+                "/query-kept"]
+    segments = ["x", "hello", "hello.html", "42", "7", "42.html", "a-b", "a-b-c", "-", "a--b",
+                "caf%C3%A9", "%20", "%3F", "%2F", "a%25b", "..", ".", "", "end", "end", "404.html",
+                "x.html", "%zz", "%00", "a:b@c", "~u", "%22q%22", "%E2%82%AC", "app.css",
+                "index.html", "edit"]
+    queries = ["id=42", "id=", "id", "a=b&id=7", "id=1&id=2", "q=orisha", "q=other", "k=v%2F",
+               "k=a?b", "k=..%2F", "v=1", "t=lit&k=z", "k=x&t=lit", "k=%E2%82%AC&t=lit", "",
+               "&&k=1", "k=42", "k=7", "v=", "=x&k=7", "t=li&k=1"]
+    prefix = rnd.choice(prefixes)
+    segs = "/".join(rnd.choice(segments) for _ in range(rnd.choice([0, 1, 1, 2, 3])))
+    path = prefix + ("/" if segs and not prefix.endswith("/") and rnd.random() < 0.8 else "") + segs
+    if rnd.random() < 0.6:
+        path += "?" + "&".join(rnd.choice(queries) for _ in range(rnd.choice([1, 1, 2])))
+    return path
+
+
+def test_the_c_matcher_answers_like_the_python_one(rules_cores):
+    """Generated paths and queries against every rule form: the same bytes but Date."""
+    import random
+    rnd = random.Random(13)
+    fields = ["Accept-Encoding: gzip", "Accept-Encoding: br, zstd", "Range: bytes=0-9",
+              "Range: bytes=0-1,100-200", "If-None-Match: *", "Connection: close"]
+    streams = []
+    for _ in range(600):
+        data = b""
+        for _ in range(rnd.choice([1, 1, 2, 3])):
+            lines = [f"{rnd.choice(['GET'] * 4 + ['HEAD'])} {_rule_paths(rnd)} HTTP/1.1", "Host: x"]
+            lines += rnd.sample(fields, rnd.choice([0, 0, 1, 2]))
+            data += ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+        streams.append(data)
+    _compare(rules_cores, streams)
