@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -87,6 +88,37 @@ def test_the_executable_is_static_and_carries_the_build(demo):
     assert r.returncode == 0, r.stderr
     with open(f"{out}/manifest.json") as f:
         assert json.loads(r.stdout) == json.load(f)
+
+
+def test_killed_supervisor_in_the_executable_leaves_no_worker(demo):
+    """The executable runs the same supervisor: kill -9 of it (inside staticx's and
+    PyInstaller's launchers) stops its workers and frees the port."""
+    from test_supervisor import children, live_processes, port_free, wait_for
+    out, _ = demo
+    exe = f"{out}/orisha"
+    proc = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", "0", "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    tree: list[int] = []
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/ .*pid (\d+)", line)
+        assert m, line
+        port, supervisor = int(m.group(1)), int(m.group(2))
+        assert Conn(port).request("/").status == 200
+        todo = [proc.pid]  # staticx's launcher, PyInstaller's, supervisor, workers
+        while todo:
+            tree.append(todo.pop())
+            todo += children(tree[-1])
+        assert supervisor in tree and len(children(supervisor)) == 2, tree
+        os.kill(supervisor, 9)
+        assert wait_for(lambda: port_free(port), 15), f"port {port} still held"
+        left = lambda: set(tree) & set(live_processes(""))  # noqa: E731 (zombies excluded)
+        assert wait_for(lambda: not left(), 30), left()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        for pid in set(tree) & set(live_processes("")):  # only if the test failed
+            os.kill(pid, 9)
 
 
 def test_blob_is_mapped_from_the_executable_not_unpacked(demo):
