@@ -16,6 +16,8 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import DEMO, TEST_LIMITS, demo_file, orisha
 from httpraw import Conn
 from tlsutil import (_stop_servers, client_context, hosted, pki, serve, tls_connect,  # noqa: F401
@@ -187,3 +189,57 @@ def test_sighup_loads_the_new_certificate_with_no_failed_request(builds, pki, tm
         assert seen - {before}, "the new certificate was never served"
     finally:
         assert s.stop() == 0
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=8), st.booleans())
+def test_any_bytes_on_the_tls_port_end_in_an_alert_or_a_close(builds, pki, chunks, handshake_first):
+    """Sans-I/O: after garbage (or garbage after a real handshake) the connection says what to
+    send and closes; nothing raises, nothing grows."""
+    from orisha.core.connection import App
+    from orisha.protocols import tls
+    app = App(_site(builds), protocols=tls.Tls(_context(pki)))
+    conn = app.connect(1.0, "-")
+    if handshake_first:
+        cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client = client_context(pki, ("h2",)).wrap_bio(cin, cout, server_hostname="localhost")
+        for _ in range(4):
+            try:
+                client.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            out = cout.read()
+            if out:
+                conn.receive(out, 1.0)
+            data = b"".join(bytes(b) for b in conn.outgoing)
+            conn.sent(len(data), 1.0)
+            cin.write(data)
+    for chunk in chunks:
+        if conn.should_close:
+            break
+        conn.receive(chunk, 1.0)
+        data = b"".join(bytes(b) for b in conn.outgoing)
+        assert len(data) < 1 << 20
+        conn.sent(len(data), 1.0)
+    conn.receive(b"", 1.0)
+    conn.tick(100.0)
+    for _ in range(3):  # what is left (an alert, close_notify) goes out, then it ends
+        data = b"".join(bytes(b) for b in conn.outgoing)
+        conn.sent(len(data), 1.0)
+        conn.tick(200.0)
+    assert conn.should_close or conn.shut_write
+    conn.close()
+    assert app.open == 0
+
+
+_cache: dict = {}
+
+
+def _site(builds):
+    from orisha.server import load_site
+    return _cache.setdefault("site", load_site(builds["notfound"]))
+
+
+def _context(pki):
+    from orisha.protocols import tls
+    return _cache.setdefault("ctx", tls.context(pki.chain, pki.key))

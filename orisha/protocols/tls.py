@@ -254,6 +254,8 @@ class TlsConnection:
         inner, tls = self.inner, self.tls
         while True:
             self._encrypt(now)
+            if self.state != self.OPEN:  # the session broke while writing
+                return
             if not inner.wants_read or inner.should_close or self.ended:
                 break
             if not self.rbio.pending and not self.rbio.eof and not tls.pending():
@@ -265,9 +267,7 @@ class TlsConnection:
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or a bare EOF
                 data = b""
             except ssl.SSLError:  # a corrupt record: OpenSSL queued its alert; nothing to save
-                self._flush_tls()
-                self.state = self.PLAIN  # the alert goes out, then input drains until EOF
-                self.should_close = not self.cipher
+                self._broken()
                 return
             inner.receive(data, now)
             if self.fresh:
@@ -288,7 +288,8 @@ class TlsConnection:
             if first.__class__ is FileRegion:  # encrypted from its map (no kTLS: see the
                 pos = self.region_pos          # Strategy); reported whole, as the seam says
                 chunk = first.view[pos:pos + _CHUNK]
-                tls.write(chunk)
+                if not self._write(chunk):
+                    return
                 self._flush_tls()
                 pos += len(chunk)
                 self.region_pos = 0 if pos >= first.length else pos
@@ -305,10 +306,26 @@ class TlsConnection:
                     parts.append(b)
                     size += len(b)
                 chunk = first if len(parts) == 1 else b"".join(parts)
-            tls.write(chunk)
+            if not self._write(chunk):
+                return
             self._flush_tls()
             inner.sent(len(chunk), now)
             out = inner.outgoing
+
+    def _write(self, chunk) -> bool:
+        try:
+            self.tls.write(chunk)
+        except ssl.SSLError:  # the session is over (a peer's bare EOF, a fatal alert)
+            self._broken()
+            return False
+        return True
+
+    def _broken(self) -> None:
+        """The session can carry no more records: what is encrypted goes out (OpenSSL's
+        alert, if any), then input drains until EOF and the connection closes."""
+        self._flush_tls()
+        self.state = self.PLAIN
+        self.should_close = not self.cipher
 
     def _settle(self, now: float) -> None:
         """The inner connection is done: close_notify, then close or linger once it is out."""
