@@ -3,7 +3,8 @@
 SIGTERM to ``orisha boot`` drains like the hosted loops: the guest stops
 accepting, every byte of a download in flight still arrives, and the command
 exits 0. kill -9 of ``orisha boot`` leaves no QEMU behind (checked in /proc).
-``unikernel/run.sh`` runs the command line ``orisha boot`` runs.
+QEMU's port forward takes bursts of connections (its accept queue is widened
+from libslirp's 1). ``unikernel/run.sh`` runs the command line ``orisha boot`` runs.
 """
 
 from __future__ import annotations
@@ -164,6 +165,26 @@ def test_kill_9_of_orisha_boot_leaves_no_qemu(image):
             time.sleep(0.05)
     finally:
         vm.stop(signal.SIGKILL)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="apt-get install iproute2")
+def test_the_port_forward_accepts_bursts(image):
+    """libslirp listens with a backlog of 1: 20 connections at once overflowed it and the
+    kernel dropped handshakes (clients waited seconds for SYN-ACK retransmissions)."""
+    vm = Booted(image, [])
+    try:
+        rows = subprocess.run(["ss", "-Hltn", f"sport = :{vm.port}"], capture_output=True, text=True,
+                              check=True).stdout.split()
+        assert int(rows[2]) >= 128, rows  # a listener's Send-Q column is its backlog
+        conns = [socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) for _ in range(20)]
+        for c in conns:
+            c.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        for c in conns:
+            with c:
+                assert c.recv(12) == b"HTTP/1.1 200"
+        assert not any("backlog of 1" in line for line in vm.log)
+    finally:
+        vm.stop()
 
 
 def test_run_sh_runs_the_command_orisha_boot_runs(image):

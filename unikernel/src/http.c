@@ -19,7 +19,7 @@
  */
 #include <string.h>
 #include "lwip/tcp.h"
-#include "lwip/priv/tcp_priv.h" /* tcp_active_pcbs: what is still unacknowledged at a stop */
+#include "lwip/priv/tcp_priv.h" /* tcp_active_pcbs: queued and unacknowledged segments */
 #include "core.h"
 #include "http.h"
 #include "platform.h"
@@ -30,6 +30,11 @@
 #define POLL_INTERVAL 1          /* x 500 ms (lwIP's slow timer) */
 #define MAX_WRITE 0xf000u        /* tcp_write takes a u16 length */
 #define COPY_BELOW 512           /* heads up to this size are copied into the segment */
+/* The most pbufs one tcp_write adds: a segment per MSS, each a header and a data pbuf. */
+#define WRITE_PBUFS (2 * (MAX_WRITE / TCP_MSS + 2))
+/* Pbufs response data may hold in lwIP's send queues, all connections together: the
+ * segment pool less a SYN-ACK or FIN for every slot (see may_queue). */
+#define QUEUE_LIMIT (MEMP_NUM_TCP_SEG - HTTP_CONNS - WRITE_PBUFS)
 
 struct hconn {
     struct tcp_pcb *pcb;
@@ -70,10 +75,13 @@ static void detach(struct tcp_pcb *pcb)
 
 static void drop_input(struct hconn *h)
 {
+    /* Everything received counts as read: lwIP answers a close with a RST
+     * (losing queued responses) while unread data is outstanding. Counted pbuf
+     * by pbuf: the chain's u16 tot_len wraps to 0 once a whole 64 KiB window
+     * is held (a client pipelining while a large response is written). */
+    for (const struct pbuf *q = h->in; q; q = q->next)
+        tcp_recved(h->pcb, q->len);
     if (h->in) {
-        /* Everything received counts as read: lwIP answers a close with a RST
-         * (losing queued responses) while unread data is outstanding. */
-        tcp_recved(h->pcb, h->in->tot_len);
         pbuf_free(h->in);
         h->in = NULL;
     }
@@ -115,6 +123,24 @@ static err_t abort_conn(struct hconn *h)
     return ERR_ABRT;
 }
 
+/*
+ * Whether a connection may queue more response data. lwIP takes a SYN-ACK's (and
+ * a FIN's) segment from the pool data segments come from, and silently drops a
+ * SYN it cannot answer: the client then waits for its own retransmission, six
+ * seconds under QEMU's user networking. Twenty bulk downloads fill the pool, so
+ * data stops short of it by a segment per slot (snd_queuelen counts pbufs, at
+ * least one per segment: a bound). Each connection also stops at its share, so
+ * the ones that wait for room (from the poll timer) find some as the others are
+ * acknowledged, instead of losing every race to them.
+ */
+static int may_queue(const struct tcp_pcb *pcb)
+{
+    uint32_t queued = 0;
+    for (const struct tcp_pcb *p = tcp_active_pcbs; p; p = p->next)
+        queued += p->snd_queuelen;
+    return queued <= QUEUE_LIMIT && pcb->snd_queuelen <= QUEUE_LIMIT / open_conns;
+}
+
 /* Queue as much of the current response as lwIP takes: 1 done, 0 blocked, -1 aborted. */
 static int write_resp(struct hconn *h)
 {
@@ -128,7 +154,7 @@ static int write_resp(struct hconn *h)
             n = room;
         if (n > MAX_WRITE)
             n = MAX_WRITE;
-        if (n == 0)
+        if (n == 0 || !may_queue(pcb))
             return 0;
         int more = h->seg_off + n < s->len || h->seg + 1 < r->n;
         u8_t flags = (more ? TCP_WRITE_FLAG_MORE : 0) |

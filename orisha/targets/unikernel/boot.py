@@ -152,28 +152,25 @@ def _detach_and_die_with(parent: int) -> None:
 _OPEN_STATES = {"01", "03", "08"}
 
 
-def _socket_inodes(pid: int) -> set[str] | None:
+def _sockets(pid: int) -> dict[str, int] | None:
+    """Process ``pid``'s sockets: inode -> descriptor number (None: no /proc, or gone)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:  # the process is gone, or no /proc
         return None
-    inodes = set()
+    sockets = {}
     for fd in fds:
         try:
             link = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:  # closed meanwhile
             continue
         if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    return inodes
+            sockets[link[8:-1]] = int(fd)
+    return sockets
 
 
-def forwarding(pid: int) -> bool:
-    """Whether QEMU (process ``pid``) holds a TCP socket with a stream still open
-    towards its client. False where /proc cannot tell (not Linux)."""
-    inodes = _socket_inodes(pid)
-    if not inodes:
-        return False
+def _tcp_rows(pid: int):
+    """(local port, state, inode) of every TCP socket in process ``pid``'s namespace."""
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}") as f:
@@ -182,9 +179,46 @@ def forwarding(pid: int) -> bool:
             continue
         for row in rows:
             fields = row.split()
-            if fields[3] in _OPEN_STATES and fields[9] in inodes:
-                return True
-    return False
+            yield int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
+
+
+def forwarding(pid: int) -> bool:
+    """Whether QEMU (process ``pid``) holds a TCP socket with a stream still open
+    towards its client. False where /proc cannot tell (not Linux)."""
+    sockets = _sockets(pid)
+    return bool(sockets) and any(state in _OPEN_STATES and inode in sockets
+                                 for _, state, inode in _tcp_rows(pid))
+
+
+def widen_backlog(pid: int, port: int) -> bool:
+    """Give QEMU's port forward a full accept queue; False where that cannot be done.
+
+    libslirp listens for a host forward with a backlog of 1 (``tcpx_listen``:
+    ``listen(s, 1)``), so a burst of connections (a browser opens six) overflows the
+    host's accept queue: the kernel drops the handshakes' last ACKs and the clients
+    wait for SYN-ACK retransmissions, 1, 2, 4 s and more (seen as TcpExtListenOverflows
+    and as the rare time-outs of the socket tests after 20 connections in a row).
+    ``listen()`` again on the same socket sets its backlog; pidfd_getfd (Linux 5.6)
+    lends us QEMU's descriptor for that (our own child: the ptrace check passes)."""
+    sockets = _sockets(pid) or {}
+    fd = next((sockets[inode] for p, state, inode in _tcp_rows(pid)
+               if p == port and state == "0A" and inode in sockets), None)
+    if fd is None:
+        return False
+    try:
+        import ctypes
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # not Linux 5.3+, or QEMU is gone
+        return False
+    try:
+        mine = ctypes.CDLL(None, use_errno=True).syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd
+    finally:
+        os.close(pidfd)
+    if mine < 0:  # ENOSYS (before 5.6), EPERM (a seccomp profile): the backlog stays 1
+        return False
+    with socket.socket(fileno=mine) as s:  # closes our duplicate only
+        s.listen(socket.SOMAXCONN)
+    return True
 
 
 class _Vm:
@@ -324,6 +358,9 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     try:
         vm = _Vm(cmd, log)
         _wait_serving(vm, stop, started)
+        if not widen_backlog(vm.proc.pid, port):
+            print("orisha: QEMU's port forward keeps its backlog of 1: bursts of new connections "
+                  "may wait seconds", file=log, flush=True)
         ms = (time.monotonic() - started) * 1000
         announce(f"orisha: serving http://{host}:{port}/ (loop unikernel, 1 worker, pid {os.getpid()}): "
                  f"{manifest.get('summary', '')}")
