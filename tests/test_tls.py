@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from conftest import DEMO, TEST_LIMITS, demo_file, orisha
 from httpraw import Conn
 from tlsutil import (_stop_servers, client_context, hosted, pki, serve, tls_connect,  # noqa: F401
-                     tls_port, tls_server)
+                     h2c_port, tls_port, tls_server)
 
 PAGES = ["/", "/css/site.css", "/docs/", "/docs/guide/getting-started", "/img/pixel.png",
          "/files/big.txt", "/files/empty.txt", "/nope"]
@@ -243,3 +243,20 @@ def _site(builds):
 def _context(pki):
     from orisha.protocols import tls
     return _cache.setdefault("ctx", tls.context(pki.chain, pki.key))
+
+
+def test_a_client_hello_on_the_plain_port_gets_400(h2c_port, pki):
+    cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context(pki).wrap_bio(cin, cout, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    s = socket.create_connection(("127.0.0.1", h2c_port), timeout=10)
+    s.sendall(cout.read())
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    s.close()
+    assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
