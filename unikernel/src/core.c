@@ -448,11 +448,10 @@ struct request {
 static struct occ occs[MAX_LINES]; /* one request is parsed at a time */
 static struct str lines[MAX_LINES];
 
-/* Returns 0 or the error status. */
-static int parse_head(const uint8_t *head, size_t n, struct request *r)
+/* _lines: split on LF, drop one CR before it; any other CR is a bare CR.
+ * Returns the number of lines, 0 for a bare CR. */
+static size_t split_lines(const uint8_t *head, size_t n)
 {
-    memset(r, 0, sizeof *r);
-    /* _lines: split on LF, drop one CR before it; any other CR is a bare CR. */
     size_t nl = 0, s = 0;
     for (size_t i = 0; i <= n; i++) {
         if (i == n || head[i] == '\n') {
@@ -460,7 +459,7 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
             if (e > s && head[e - 1] == '\r')
                 e--;
             if (mem_chr(head + s, '\r', e - s))
-                return 400;
+                return 0;
             ASSERT(nl < MAX_LINES);
             lines[nl].p = head + s;
             lines[nl].n = e - s;
@@ -468,8 +467,14 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
             s = i + 1;
         }
     }
-    /* request-line: exactly three parts split on single spaces */
-    struct str l0 = lines[0], part[3];
+    return nl;
+}
+
+/* The request-line: exactly three parts split on single spaces, checked in
+ * parse_head's order. 0 or the error status. */
+static int request_line(struct str l0, struct str *method, struct str *target, int *minor)
+{
+    struct str part[3];
     int np = 0;
     size_t st = 0;
     for (size_t i = 0; i <= l0.n; i++) {
@@ -484,26 +489,58 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
     }
     if (np != 3)
         return 400;
-    struct str method = part[0], target = part[1], version = part[2];
+    struct str version = part[2];
+    *method = part[0], *target = part[1];
     /* The method first (as parse_head): what lets core_next refuse it early. */
-    if (!method.n)
+    if (!method->n)
         return 400;
-    for (size_t i = 0; i < method.n; i++)
-        if (!policy_tchar[method.p[i]])
+    for (size_t i = 0; i < method->n; i++)
+        if (!policy_tchar[method->p[i]])
             return 400;
     if (version.n != 8 || memcmp(version.p, "HTTP/", 5) != 0 || version.p[6] != '.' ||
         version.p[5] < '0' || version.p[5] > '9' || version.p[7] < '0' || version.p[7] > '9')
         return 400;
     if (version.p[5] != '1')
         return 505;
-    if (target.n > core_limits.target)
+    if (target->n > core_limits.target)
         return 414;
-    if (!target.n)
+    if (!target->n)
         return 400;
-    for (size_t i = 0; i < target.n; i++)
-        if (target.p[i] <= 0x20 || target.p[i] == 0x7f)
+    for (size_t i = 0; i < target->n; i++)
+        if (target->p[i] <= 0x20 || target->p[i] == 0x7f)
             return 400;
+    *minor = version.p[7] - '0';
+    return 0;
+}
 
+/* One field the core reads (`id`): a single field keeps one value (identical
+ * Content-Length repeats are one; other repeats of Host and Content-Length are
+ * 400, of the rest invalid); a list field keeps its lines in order. */
+static int keep_field(struct request *r, int id, struct str value)
+{
+    if (id >= FIELD_SINGLE_N) {
+        occs[r->n_occ].v = value;
+        occs[r->n_occ].id = (uint8_t)id;
+        r->n_occ++;
+        r->n_list[id]++;
+    } else if (!r->present[id]) {
+        r->present[id] = 1;
+        r->single[id] = value;
+    } else if (id == FIELD_CONTENT_LENGTH && r->single[id].n == value.n &&
+               memcmp(r->single[id].p, value.p, value.n) == 0) {
+        /* identical repeats are one value (RFC 9110 §8.6) */
+    } else if (id == FIELD_HOST || id == FIELD_CONTENT_LENGTH) {
+        return 400;
+    } else {
+        r->present[id] = 2; /* a repeated singleton: treated as absent */
+        r->single[id].n = 0;
+    }
+    return 0;
+}
+
+/* The field lines after the request-line: 0 or 400. */
+static int field_lines(size_t nl, struct request *r)
+{
     for (size_t li = 1; li < nl; li++) {
         struct str l = lines[li];
         size_t i = 0;
@@ -518,38 +555,20 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
             if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
                 return 400;
         }
-        value = strip(value);
         int id = -1;
         for (int f = 0; f < FIELD_N; f++)
             if (ieq(name, policy_field_names[f]))
                 id = f;
-        if (id < 0)
-            continue;
-        if (id < FIELD_SINGLE_N) {
-            if (!r->present[id]) {
-                r->present[id] = 1;
-                r->single[id] = value;
-            } else if (id == FIELD_CONTENT_LENGTH && r->single[id].n == value.n &&
-                       memcmp(r->single[id].p, value.p, value.n) == 0) {
-                /* identical repeats are one value (RFC 9110 §8.6) */
-            } else if (id == FIELD_HOST || id == FIELD_CONTENT_LENGTH) {
-                return 400;
-            } else {
-                r->present[id] = 2; /* a repeated singleton: treated as absent */
-                r->single[id].n = 0;
-            }
-        } else {
-            occs[r->n_occ].v = value;
-            occs[r->n_occ].id = (uint8_t)id;
-            r->n_occ++;
-            r->n_list[id]++;
-        }
+        if (id >= 0 && keep_field(r, id, strip(value)))
+            return 400;
     }
-    r->minor = version.p[7] - '0';
-    if (r->minor >= 1 && !r->present[FIELD_HOST])
-        return 400; /* RFC 9112 §3.2 */
+    return 0;
+}
 
-    int safe = IN_LIST(method, policy_safe_methods);
+/* The path and query of a target; absolute-form is reduced to its path (which
+ * may lack its '/': see choose). 0 or 400. */
+static int split_target(struct str target, int safe, struct request *r)
+{
     if (target.p[0] != '/') {
         /* absolute-form: [Hh][Tt][Tt][Pp][Ss]?://[^/?#]* */
         size_t i = 0;
@@ -566,7 +585,7 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
                 i++;
             target.p += i;
             target.n -= i;
-            /* "" → "/"; "?q" → "/?q": the '/' is supplied by the lookup below */
+            /* "" → "/"; "?q" → "/?q": the '/' is supplied by choose */
         } else if (safe) {
             return 400; /* authority-form and asterisk-form: only for CONNECT/OPTIONS */
         } else {
@@ -581,9 +600,27 @@ static int parse_head(const uint8_t *head, size_t n, struct request *r)
     r->has_query = q != NULL;
     if (q)
         r->query = (struct str){ q + 1, (size_t)(target.p + target.n - q - 1) };
-    r->method = method;
-    r->path = path; /* may lack the leading '/' after absolute-form: see lookup */
+    r->path = path;
     return 0;
+}
+
+/* request.parse_head, step by step and in its order of checks. 0 or the error status. */
+static int parse_head(const uint8_t *head, size_t n, struct request *r)
+{
+    memset(r, 0, sizeof *r);
+    size_t nl = split_lines(head, n);
+    if (!nl)
+        return 400;
+    struct str method, target;
+    int status = request_line(lines[0], &method, &target, &r->minor);
+    if (!status)
+        status = field_lines(nl, r);
+    if (status)
+        return status;
+    if (r->minor >= 1 && !r->present[FIELD_HOST])
+        return 400; /* RFC 9112 §3.2 */
+    r->method = method;
+    return split_target(target, IN_LIST(method, policy_safe_methods), r);
 }
 
 /* ---- negotiate.py ------------------------------------------------------------- */
@@ -1560,6 +1597,38 @@ static int cannot_begin(const uint8_t *buf, size_t n)
     return i < n && (i == 0 || buf[i] != ' ');
 }
 
+/* Where the head at `buf` ends: 1 with the end of its last field line and the
+ * start of what follows, 0 if no end is within `lim` bytes. Exactly _process's
+ * two-step search: "\r\n\r\n" first; the lenient \r?\n\r?\n only when that
+ * finds nothing or the head holds a bare-LF end. */
+static int head_end(const uint8_t *buf, size_t lim, size_t *end, size_t *rest)
+{
+    const uint8_t *f = find(buf, lim, "\r\n\r\n");
+    if (f && !find(buf, (size_t)(f - buf), "\n\n") && !find(buf, (size_t)(f - buf), "\n\r\n")) {
+        *end = (size_t)(f - buf);
+        *rest = *end + 4;
+        return 1;
+    }
+    for (size_t i = 0; i < lim; i++) {
+        size_t j = i;
+        if (buf[j] == '\r')
+            j++;
+        if (j >= lim || buf[j] != '\n')
+            continue;
+        j++;
+        if (j + 1 < lim && buf[j] == '\r' && buf[j + 1] == '\n')
+            j += 2;
+        else if (j < lim && buf[j] == '\n')
+            j++;
+        else
+            continue;
+        *end = i;
+        *rest = j;
+        return 1;
+    }
+    return 0;
+}
+
 int core_next(struct core_conn *c, uint64_t now_ms)
 {
     ASSERT(c->resp.n == 0);
@@ -1582,51 +1651,23 @@ int core_next(struct core_conn *c, uint64_t now_ms)
     }
     const uint8_t *buf = c->buf + c->start;
     size_t have = c->len - c->start, limit = core_limits.head;
-    size_t lim = have < limit + 4 ? have : limit + 4;
-    /* Exactly _process's two-step search: "\r\n\r\n" first; the lenient
-     * \r?\n\r?\n only when that finds nothing or the head holds a bare-LF end. */
-    const uint8_t *f = find(buf, lim, "\r\n\r\n");
-    size_t end = 0, rest = 0;
-    int lenient = !f || find(buf, (size_t)(f - buf), "\n\n") || find(buf, (size_t)(f - buf), "\n\r\n");
-    if (!lenient) {
-        end = (size_t)(f - buf);
-        rest = end + 4;
-    } else {
-        int found = 0;
-        for (size_t i = 0; i < lim && !found; i++) {
-            size_t j = i;
-            if (buf[j] == '\r')
-                j++;
-            if (j >= lim || buf[j] != '\n')
-                continue;
-            j++;
-            if (j + 1 < lim && buf[j] == '\r' && buf[j + 1] == '\n')
-                j += 2;
-            else if (j < lim && buf[j] == '\n')
-                j++;
-            else
-                continue;
-            end = i;
-            rest = j;
-            found = 1;
+    size_t lim = have < limit + 4 ? have : limit + 4, end, rest;
+    if (!head_end(buf, lim, &end, &rest)) {
+        if (cannot_begin(buf, lim)) { /* e.g. a TLS ClientHello: 400 at once */
+            emit_error(c, 400);
+            return 1;
         }
-        if (!found) {
-            if (cannot_begin(buf, lim)) { /* e.g. a TLS ClientHello: 400 at once */
-                emit_error(c, 400);
-                return 1;
-            }
-            if (have > limit) {
-                emit_error(c, mem_chr(buf, '\n', limit) ? 431 : 414);
-                return 1;
-            }
-            return need_input(c);
+        if (have > limit) {
+            emit_error(c, mem_chr(buf, '\n', limit) ? 431 : 414);
+            return 1;
         }
+        return need_input(c);
     }
     c->start += (uint32_t)rest;
     c->since = now_ms;
     answer(c, buf, end);
-    /* The head bytes stay valid until the next take: segments only point into
-     * the image or the connection's own tail/dyn copies. */
+    /* The head bytes stay valid until the next take: segments point into the
+     * image, the connection's tail/dyn copies or (copied) the head itself. */
     return 1;
 }
 
