@@ -1,20 +1,24 @@
 /*
  * The request core: the C twin of orisha/core (connection.py, request.py,
- * negotiate.py, dates.py). The Python code is the specification; comments
- * below name the Python function each part mirrors, and where C has to work
- * differently (no big integers, fixed buffers) they say how the result stays
- * the same. Both follow the RFC grammar (numbers are 1*DIGIT, a weight is an
- * RFC 9110 qvalue), so neither imitates the other's language.
+ * negotiate.py, ranges.py, matcher.py, dates.py). The Python code is the
+ * specification; comments below name the Python function each part mirrors,
+ * and where C has to work differently (no big integers, fixed buffers, no
+ * regular expressions) they say how the result stays the same. Both follow
+ * the RFC grammar (numbers are 1*DIGIT, a weight is an RFC 9110 qvalue), so
+ * neither imitates the other's language.
  *
  * Nothing of the policy is typed here: methods, error pages, fatal statuses,
- * default limits, token characters, the fields read, coding bits and the site
- * image's record layouts come from policy.h, which the build generates from
- * the Python tables (orisha/targets/unikernel/policy_header.py).
+ * default limits, token characters, the fields read, coding bits, the bounds of
+ * several ranges, the bytes a Location keeps and the site image's record
+ * layouts come from policy.h, which the build generates from the Python tables
+ * (orisha/targets/unikernel/policy_header.py).
  *
  * Everything a response contains was decided by the build (the site image),
- * so answering is: frame the head, parse it strictly, pick records, point
- * segments at image bytes. Only the Date/Connection tail, a 206 status block
- * and a redirect's query are formatted here.
+ * so answering is: frame the head, parse it strictly, pick records (a rule is
+ * matched without regular expressions, from pieces), point segments at image
+ * bytes. Only the Date/Connection tail, a 206 status block, a multipart's part
+ * numbers and a rule's percent-encoded captures are formatted here; a
+ * redirect's query and raw captures are copied from the head.
  */
 #include <string.h>
 #include "core.h"

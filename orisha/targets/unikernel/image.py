@@ -12,11 +12,22 @@ Format: the record layouts are written once, in ``RECORDS`` below; ``encode``
 packs them and ``policy_header`` declares the same layouts as C structs (with
 their sizes and offsets asserted) in the kernel's generated ``policy.h``.
 Offsets are from the start of the blob. The image is: the header, the byte
-strings and bodies, padding to 4, then the error, variant, entry and route
-tables. Routes are sorted by key bytes; a redirect's ``location`` is
-"HTTP/1.1 301 …Location: /dir/" and the query goes between it and ``tail``.
-An entry's ``choice[mask]`` is the variant for an Accept-Encoding mask
-(``NO_VARIANT``: 406).
+strings and bodies, padding to 4, then the tables of ``_Image.TABLES``
+(errors, variants, entries, routes, the routes of 404 rules, rules, pieces,
+conditions, rule indices). Routes are sorted by key bytes; a redirect's
+``location`` is "HTTP/1.1 301 …Location: /dir/" and the query goes between
+it and ``tail`` when ``flags`` has ``ROUTE_QUERY``. An entry's
+``choice[mask]`` is the variant for an Accept-Encoding mask (``NO_VARIANT``:
+406); its ``multi_fields`` and ``part_type`` and the header's multipart
+strings (from ``Site.boundary``) frame a multipart/byteranges 206.
+
+Run-time ``_redirects`` rules (``matcher.match``) travel as records: a
+pattern and a destination as pieces (text, ``:name``, ``*``; text and
+captures numbered by slot), query conditions, and a 404 rule's destination
+documents as routes. The header lists the rules tried on a route-table miss
+(``site_rules``); a ``Rules`` route lists its own and its ``kind`` is its
+default's (``ROUTE_NONE``: none). Rules beyond the C core's fixed buffers
+(``PIECES_MAX``, ``SLOTS_MAX``, ``URL_MAX``) are a build error naming the rule.
 """
 
 from __future__ import annotations
