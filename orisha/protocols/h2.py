@@ -49,6 +49,7 @@ from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
 from ..core.policy import Stat
 from .hpack_blocks import CONNECTION_FIELDS, Blocks, date_field
+from .outgoing import consume
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4
 
@@ -103,6 +104,15 @@ def _error(status: int) -> Plan:
     return Plan(head, Tail.KEEP_ALIVE, body, Close.NO, 0, status)
 
 
+class _Block:
+    """A header block being received: HEADERS, then CONTINUATION frames until END_HEADERS."""
+    __slots__ = ("sid", "end", "frags", "size", "kind")
+    REQUEST, TRAILERS, IGNORED = 0, 1, 2  # what it is: every kind is decoded (HPACK state)
+
+    def __init__(self, sid: int, end: int, first: bytes, kind: int) -> None:
+        self.sid, self.end, self.frags, self.size, self.kind = sid, end, [first], len(first), kind
+
+
 class _Stream:
     """A response whose DATA is not all queued yet (the send side of one stream)."""
     __slots__ = ("sid", "window", "body", "pos", "parked")
@@ -142,7 +152,7 @@ class H2Connection:
         self.resets: deque[int] = deque(maxlen=128)  # streams we reset lately (frames in flight)
         self.memo: dict[bytes, tuple] = {}  # header block → (synthetic head, log line)
         self.last_id = 0
-        self.hdr: list | None = None  # a header block in progress: [sid, end, frags, size, frames, kind]
+        self.hdr: _Block | None = None  # a header block still awaiting CONTINUATION
         self.calm = _CALM_MAX
         self.out.append(_frame(12, SETTINGS, 0, 0) + (3 << 32 | MAX_STREAMS).to_bytes(6, "big")
                         + (6 << 32 | app.limits.head).to_bytes(6, "big"))
@@ -171,19 +181,7 @@ class H2Connection:
 
     def sent(self, n: int, now: float) -> None:
         self.since = now
-        if n >= self.out_bytes:
-            self.out.clear()
-            self.out_bytes = 0
-        else:
-            self.out_bytes -= n
-            out = self.out
-            while n:
-                size = len(out[0])
-                if n < size:
-                    out[0] = memoryview(out[0])[n:]
-                    break
-                n -= size
-                del out[0]
+        self.out_bytes = consume(self.out, self.out_bytes, n)
         if not self.out:
             self._pump()
             if self.buf and not self.dead:
@@ -295,7 +293,7 @@ class H2Connection:
             if not self.settings_seen and ftype != SETTINGS:
                 self._fail(Error.PROTOCOL_ERROR)  # §3.4: the preface ends with SETTINGS
                 return
-            if self.hdr is not None and (ftype != CONTINUATION or sid != self.hdr[0]):
+            if self.hdr is not None and (ftype != CONTINUATION or sid != self.hdr.sid):
                 self._fail(Error.PROTOCOL_ERROR)  # §6.10: nothing may interleave a header block
                 return
             handler = _HANDLERS.get(ftype)
@@ -351,24 +349,24 @@ class H2Connection:
             self_dependent = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid
             payload = payload[5:]
         if sid in self.remote_open:
-            kind = "trailers"
+            kind = _Block.TRAILERS
             if not flags & END_STREAM:
                 self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1: trailers end the stream
-                kind = "ignore"
+                kind = _Block.IGNORED
         elif sid <= self.last_id:
             if sid not in self.resets:  # §5.1.1: ids only grow; a closed stream takes no HEADERS
                 return self._fail(Error.PROTOCOL_ERROR)
-            kind = "ignore"  # late trailers on a stream we reset (§5.1 "closed"): decoded, for
+            kind = _Block.IGNORED  # late trailers on a stream we reset (§5.1 "closed"): decoded, for
             if not self._spend():  # the HPACK state, then dropped
                 return
         else:
             self.last_id = sid
-            kind = "ignore" if self.closing else "request"
+            kind = _Block.IGNORED if self.closing else _Block.REQUEST
             self.since = now
         if self_dependent:  # §5.3.1: a stream error; the block is still decoded (HPACK state)
             self._reset(sid, Error.PROTOCOL_ERROR)
-            kind = "ignore"
-        self.hdr = [sid, flags & END_STREAM, [payload], len(payload), 1, kind]
+            kind = _Block.IGNORED
+        self.hdr = _Block(sid, flags & END_STREAM, payload, kind)
         if flags & END_HEADERS:
             self._end_headers(now)
 
@@ -376,10 +374,9 @@ class H2Connection:
         hdr = self.hdr
         if hdr is None:
             return self._fail(Error.PROTOCOL_ERROR)  # §6.10: only after HEADERS
-        hdr[2].append(payload)
-        hdr[3] += len(payload)
-        hdr[4] += 1
-        if hdr[4] > _BLOCK_FRAMES or hdr[3] > 2 * self.app.limits.head:
+        hdr.frags.append(payload)
+        hdr.size += len(payload)
+        if len(hdr.frags) > _BLOCK_FRAMES or hdr.size > 2 * self.app.limits.head:
             return self._fail(Error.ENHANCE_YOUR_CALM)  # CONTINUATION flood
         if flags & END_HEADERS:
             self._end_headers(now)
@@ -387,16 +384,16 @@ class H2Connection:
             self._spend()
 
     def _end_headers(self, now: float) -> None:
-        sid, end, frags, size, _, kind = self.hdr
-        self.hdr = None
-        if size > 2 * self.app.limits.head:
+        hdr, self.hdr = self.hdr, None
+        sid, end, frags, kind = hdr.sid, hdr.end, hdr.frags, hdr.kind
+        if hdr.size > 2 * self.app.limits.head:
             return self._fail(Error.ENHANCE_YOUR_CALM)
         decoded = self._decode(frags[0] if len(frags) == 1 else b"".join(frags))
         if decoded is None:
             return
-        if kind == "trailers":
+        if kind == _Block.TRAILERS:
             self.remote_open.discard(sid)
-        elif kind == "request":
+        elif kind == _Block.REQUEST:
             if len(self.streams) >= MAX_STREAMS:
                 self._reset(sid, Error.REFUSED_STREAM)  # §5.1.2
                 self._spend()

@@ -40,6 +40,7 @@ from ..blob import FileRegion
 from ..core.connection import Tail
 from ..errors import ServeError
 from .front import Sniffing, to_h2
+from .outgoing import consume
 
 _CHUNK = 64 * 1024     # plaintext per SSLObject.write (OpenSSL cuts it into 16 KiB records)
 _HIGH = 256 * 1024     # ciphertext queued ahead of the socket
@@ -162,19 +163,7 @@ class TlsConnection:
 
     def sent(self, n: int, now: float) -> None:
         self.since = now
-        if n >= self.cipher_bytes:
-            self.cipher.clear()
-            self.cipher_bytes = 0
-        else:
-            self.cipher_bytes -= n
-            out = self.cipher
-            while n:
-                size = len(out[0])
-                if n < size:
-                    out[0] = memoryview(out[0])[n:]
-                    break
-                n -= size
-                del out[0]
+        self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
         if not self.cipher:
             if self.state == self.OPEN:
                 self._work(now)
