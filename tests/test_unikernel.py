@@ -165,8 +165,18 @@ def test_the_c_sources_retype_no_policy(tmp_path):
     for limit in LIMITS:
         assert f'"{limit.attr}"' not in src, limit.attr
     assert "!#$%&'*+-.^_`|~" not in src
+    # several ranges and rules: the framing comes in the image, the bounds in the header
+    from orisha.core import ranges
+    from orisha.core.matcher import LOCATION_SAFE
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", src, flags=re.S)  # comments may name them
+    assert "multipart/byteranges" not in code and "boundary=" not in code
+    assert LOCATION_SAFE.decode()[-18:] not in code
     header = open(policy_header.write(str(tmp_path))).read()
     assert "DO NOT EDIT" in header and '"if-none-match"' in header and "X(head_timeout, 10000ull, 1000)" in header
+    for name, value in (("GAP", ranges.GAP), ("PARTS_MAX", ranges.MAX_PARTS),
+                        ("BYTES_MAX", ranges.MAX_BYTES), ("DIGITS", ranges.DIGITS),
+                        ("BIG", ranges.BIG)):
+        assert re.search(rf"#define POLICY_RANGE_{name} {value}(ull)?\n", header), name
 
 
 
