@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
@@ -61,6 +62,15 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as e:  # no compiler at all (CC=false, none installed): pure build
             print(f"orisha: compiled extensions skipped ({e}); pure-Python build", file=sys.stderr)
+
+    def copy_file(self, src, dst, *args, **kwargs):
+        """In-place builds (editable installs) replace a compiled module by rename: a server
+        running the old one keeps its file mapped instead of seeing it truncated (SIGBUS)."""
+        if not str(dst).endswith(".so"):
+            return super().copy_file(src, dst, *args, **kwargs)
+        shutil.copyfile(src, f"{dst}.new")
+        os.replace(f"{dst}.new", dst)
+        return dst, 1
 
     def build_extension(self, ext) -> None:
         try:

@@ -453,6 +453,7 @@ cdef class Loop:
 
     cdef _stop(self, double now):
         """Stop accepting; every connection finishes what it is sending within the grace."""
+        cdef _Conn c
         self.stopped, self.deadline = True, now + self.app.limits.grace
         if self.accepting:
             io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
