@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
-from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, REASONS, SAFE_METHODS,
+from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, LINGER, REASONS, SAFE_METHODS,
                      STATS_SLOTS, Limits, Stat)
 from .request import HttpError, cannot_begin, parse_head
 from .matcher import match as match_rules
@@ -224,7 +224,7 @@ class Connection:
         limits = self.app.limits
         waited = now - self.since
         if self.shut_write:
-            if waited > _LINGER:
+            if waited > LINGER:
                 self.should_close = True
         elif self.out:
             if waited > limits.send_timeout:
@@ -244,7 +244,7 @@ class Connection:
     def _finish(self, now: float) -> None:
         """Our last response is written. Close at once if the peer has finished too;
         otherwise linger: shut our sending side and drain input until the peer's EOF
-        (at most ``_LINGER`` s), because closing with unread input sends a reset that
+        (at most ``policy.LINGER`` s), because closing with unread input sends a reset that
         can destroy the response before the client reads it (e.g. a 413 or 431)."""
         if self.eof:
             self.should_close = True
@@ -330,9 +330,6 @@ class Connection:
             self.close_after = True  # the peer sent all it will; what it asked for is queued
         if self.close_after and not self.out:
             self._finish(now)
-
-
-_LINGER = 2.0     # seconds a closing connection drains input waiting for the peer's EOF
 
 
 def _error_plan(status: int) -> Plan:

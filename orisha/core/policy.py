@@ -31,6 +31,10 @@ REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
 ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505)
 # After these the request stream cannot be trusted (or the client is gone): close.
 FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
+# Seconds a connection whose last response is written keeps draining input before it
+# closes (unless the peer's EOF comes first): closing with unread input sends a reset
+# that can destroy the response before the client has read it (RFC 9112 §9.6).
+LINGER = 2.0
 
 # Counters a worker keeps, in the order they are published (shared memory, Prometheus).
 # ``open_connections`` is a gauge; the rest count up. Then one counter per error status.

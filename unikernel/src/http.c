@@ -16,6 +16,13 @@
  *   tcp_sent, or from the poll timer after ERR_MEM: exhaustion slows a
  *   connection down, it never fails it.
  * - The poll timer (500 ms) drives the core's timeouts.
+ * - After the last response the connection lingers, as the Python core's
+ *   (connection.py _finish): our side is shut (a FIN after the queued bytes)
+ *   and input is read and dropped until the peer's FIN, at most
+ *   POLICY_LINGER_MS. tcp_close at once would answer input that is still on
+ *   its way with a RST, and a RST destroys the response the client has not
+ *   read yet (a Connection: close download with pipelined requests behind
+ *   it, a fatal 400 queued behind a download).
  */
 #include <string.h>
 #include "lwip/tcp.h"
@@ -44,6 +51,8 @@ struct hconn {
     uint8_t used;
     uint8_t peer_eof;            /* lwIP reported the peer's FIN */
     uint8_t closing;             /* tcp_close failed (no memory): retry from poll */
+    uint8_t lingering;           /* our FIN is queued; input is dropped until the peer's */
+    uint64_t linger_since;       /* ms: when lingering began */
     struct core_conn core;
 };
 
@@ -110,6 +119,47 @@ static err_t close_conn(struct hconn *h)
     }
     detach(pcb);
     release(h);
+    return ERR_OK;
+}
+
+/* Input after our last response: counted as read and dropped (pbuf by pbuf,
+ * as drop_input, for the u16 tot_len). */
+static void discard(struct tcp_pcb *pcb, struct pbuf *p)
+{
+    for (const struct pbuf *q = p; q; q = q->next)
+        tcp_recved(pcb, q->len);
+    pbuf_free(p);
+}
+
+/* The end of lingering (the peer's FIN, or time): tcp_close only marks the
+ * receive side closed (our FIN is already queued), so it cannot fail; input
+ * after this is answered with a RST, as a closed socket's on any host. */
+static void end_linger(struct hconn *h)
+{
+    struct tcp_pcb *pcb = h->pcb;
+    detach(pcb);
+    release(h);
+    if (tcp_close(pcb) != ERR_OK)
+        PANIC("http: closing a lingering connection failed");
+}
+
+/*
+ * The last response is queued: send our FIN and linger (see the top). When
+ * the peer has finished too (its FIN is in: CLOSE_WAIT) nothing more can
+ * arrive, so this is a plain close.
+ */
+static err_t linger(struct hconn *h)
+{
+    struct tcp_pcb *pcb = h->pcb;
+    if (h->peer_eof || pcb->state != ESTABLISHED)
+        return close_conn(h);
+    drop_input(h);
+    /* In ESTABLISHED tcp_shutdown sends the FIN, or (no memory for it) marks it
+     * pending for lwIP's timer to retry (TF_CLOSEPEND): ERR_OK either way. */
+    if (tcp_shutdown(pcb, 0, 1) != ERR_OK)
+        PANIC("http: shutting down a connection's sending side failed");
+    h->lingering = 1;
+    h->linger_since = now_ms();
     return ERR_OK;
 }
 
@@ -182,6 +232,8 @@ static err_t pump(struct hconn *h)
 {
     struct core_conn *c = &h->core;
     uint64_t now = now_ms();
+    if (h->lingering)
+        return ERR_OK;
     for (;;) {
         if (c->resp.n) {
             int w = write_resp(h);
@@ -193,7 +245,7 @@ static err_t pump(struct hconn *h)
         }
         if (core_done(c) || stopping) {
             tcp_output(h->pcb);
-            return close_conn(h);
+            return linger(h);
         }
         if (core_next(c, now))
             continue;
@@ -220,11 +272,11 @@ static err_t pump(struct hconn *h)
 static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
 {
     struct hconn *h = arg;
-    if (!h || h->closing) {
-        if (p) {
-            tcp_recved(pcb, p->tot_len);
-            pbuf_free(p);
-        }
+    if (!h || h->closing || h->lingering) {
+        if (p)
+            discard(pcb, p);
+        else if (h && h->lingering)
+            end_linger(h); /* the peer's FIN: nothing more will come */
         return ERR_OK;
     }
     if (err != ERR_OK) { /* lwIP never passes anything else here in 2.1; keep it safe */
@@ -248,7 +300,7 @@ static err_t on_sent(void *arg, struct tcp_pcb *pcb, u16_t len)
     (void)pcb;
     (void)len;
     struct hconn *h = arg;
-    if (!h || h->closing)
+    if (!h || h->closing || h->lingering)
         return ERR_OK;
     core_sent(&h->core, now_ms());
     return pump(h);
@@ -264,6 +316,11 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
             detach(pcb);
             release(h);
         }
+        return ERR_OK;
+    }
+    if (h->lingering) {
+        if (now_ms() - h->linger_since > POLICY_LINGER_MS)
+            end_linger(h);
         return ERR_OK;
     }
     int writing = h->core.resp.n || pcb->unsent || pcb->unacked;
@@ -307,6 +364,7 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->seg_off = 0;
     h->peer_eof = 0;
     h->closing = 0;
+    h->lingering = 0;
     open_conns++;
     core_connect(&h->core, now_ms(), open_conns); /* over the limit: a 503 to write */
     tcp_arg(pcb, h);
@@ -404,9 +462,15 @@ void http_stop(void)
     if (tcp_close(listener) != ERR_OK) /* a listener closes without allocating */
         PANIC("http: closing the listener failed");
     listener = NULL;
-    for (int i = 0; i < HTTP_CONNS; i++)
-        if (conns[i].used && !conns[i].closing)
-            pump(&conns[i]);
+    for (int i = 0; i < HTTP_CONNS; i++) {
+        struct hconn *h = &conns[i];
+        if (!h->used || h->closing || h->lingering)
+            continue;
+        if (h->core.resp.n)
+            pump(h);         /* lingers once its response is queued */
+        else
+            close_conn(h);   /* idle: closes now, as Connection.shutdown */
+    }
 }
 
 /* Open connections, or bytes (a FIN included) the peers have not acknowledged. */

@@ -45,6 +45,8 @@ def _methods_and_statuses() -> list[str]:
         % ", ".join(map(str, policy.ERROR_PAGES)),
         "/* After these the request stream cannot be framed: close and drop the rest. */",
         "static const uint16_t policy_fatal[] = { %s };" % ", ".join(map(str, fatal)),
+        "/* Milliseconds a finished connection drains input for the peer's EOF (policy.LINGER). */",
+        f"#define POLICY_LINGER_MS {round(policy.LINGER * 1000)}ull",
     ]
 
 
