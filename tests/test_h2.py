@@ -323,10 +323,11 @@ def test_the_container_speaks_https_h2_and_h2c(container_tls, container_plain, p
     assert out.read_bytes() == demo_file("docs/index.html")
 
 
-def test_memoised_header_blocks_follow_the_dynamic_table(site):
-    """The same bytes of indexed fields mean another field once the table has changed."""
+@pytest.mark.parametrize("path", [b"\x84", b"\x04\x01/"])  # indexed; a literal never indexed
+def test_memoised_header_blocks_follow_the_dynamic_table(site, path):
+    """The same bytes mean another field once the dynamic table has changed."""
     gzip_in = b"\x82\x84\x86\x81" + b"\x50\x04gzip"  # accept-encoding: gzip → dynamic 62
-    indexed = b"\x82\x84\x86\x81\xbe"                # GET / with dynamic entry 62
+    indexed = b"\x82" + path + b"\x86\x81\xbe"        # GET / with dynamic entry 62
     br_in = b"\x82\x84\x86\x81" + b"\x50\x02br"      # accept-encoding: br → 62 (gzip → 63)
     data = b"".join(frame(HEADERS, 0x5, sid, b) for sid, b in
                     ((1, gzip_in), (3, indexed), (5, br_in), (7, indexed)))

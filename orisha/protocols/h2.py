@@ -76,7 +76,6 @@ _BLOCK_FRAMES = 32           # HEADERS + CONTINUATION frames one header block ma
 _CALM_MAX = 400              # work-without-response frames a connection may send in a burst…
 _CALM_PER_SECOND = 100       # …and per second after it
 _LINGER = 2.0                # seconds a finished connection drains input for the peer's EOF
-_INDEXED_ONLY = bytes(range(0x81, 0xFF))  # one-byte indexed fields (RFC 7541 §6.1), indexes 1–126
 _MEMO_MAX = 256              # header blocks memoised per connection (see ``_decode``)
 _BAD_NAME = re.compile(rb"[\x00-\x20A-Z:\x7f-\xff]")     # §8.2.1 (":" only as the pseudo prefix)
 _BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
@@ -405,24 +404,29 @@ class H2Connection:
     def _decode(self, block: bytes) -> tuple | None:
         """(synthetic head, log line) for a header block; None after a decoding error.
 
-        Clients repeat requests as blocks of indexed fields only (one byte each: the same
-        bytes for the same request), and such a block neither reads nor changes anything
-        but the tables: while no other representation has arrived since, it decodes to
-        what it did before. So those are memoised per connection — the ``hpack`` decoder
-        was ~60% of the CPU per request (measured with a core-only loop) — and any other
-        block, which may change the dynamic table, empties the memo.
+        Clients repeat requests as the same bytes: indexed fields, and literals *without*
+        indexing for what they never index (nghttp2 keeps ``:path`` out of the table). A
+        block that does not change the dynamic table decodes to what it did before for
+        as long as the table stays as it was. So such blocks are memoised per connection
+        — the ``hpack`` decoder was ~60% of the CPU per request (measured with a
+        core-only loop) — and a block that changed the table (an incremental-indexing
+        literal, a size update) empties the memo.
         """
         memo = self.memo
         pair = memo.get(block)
         if pair is not None:
             return pair
+        table = self.decoder.header_table
+        entries = table.dynamic_entries  # newest first: a new entry is a new tuple at [0]
+        before = (len(entries), entries[0] if entries else None, table.maxsize)
         try:
             fields = self.decoder.decode(block, raw=True)
         except HPACKError:  # a decoding error, a table-size violation or an HPACK bomb: the
             self._fail(Error.COMPRESSION_ERROR)  # shared table is now unusable (§4.3)
             return None
         pair = _synthetic_head(fields)
-        if block.translate(None, _INDEXED_ONLY):
+        first = entries[0] if entries else None
+        if (len(entries), table.maxsize) != (before[0], before[2]) or first is not before[1]:
             memo.clear()
         else:
             if len(memo) >= _MEMO_MAX:
