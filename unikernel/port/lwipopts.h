@@ -75,6 +75,11 @@
 #define LWIP_NETIF_LINK_CALLBACK    0
 #define LWIP_NETIF_HOSTNAME         0
 #define LWIP_SINGLE_NETIF           1
+/* lwIP's own ISN is a counter stepped by its 500 ms tick: every connection of
+ * the first half second started at 6510, later ones predictably (RFC 6528 §1).
+ * net.c answers with a keyed hash of the 4-tuple plus a 4 us clock. */
+#define LWIP_HOOK_FILENAME          "lwiphooks.h"
+#define LWIP_HOOK_TCP_ISN           net_tcp_isn
 
 /* Checksums in software (no offload negotiated with virtio-net yet). */
 #define CHECKSUM_GEN_IP             1

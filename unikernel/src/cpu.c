@@ -1,7 +1,7 @@
 /*
  * CPU setup after entering long mode: an IDT whose every exception PANICs,
  * a TSS so exceptions raised in ring 3 land on a kernel stack, and the switch
- * to ring 3.
+ * to ring 3. Also the CPU's random number instructions (platform_entropy).
  *
  * Why ring 3: on hosts where "KVM" is a software (PVM, shadow paging)
  * hypervisor, guest ring-0 code is instruction-emulated (~100x slower than
@@ -100,6 +100,80 @@ void platform_cpu_init(void)
                       (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
     platform_gdt[6] = base >> 32;
     __asm__ volatile("ltr %w0" : : "r"(0x28));
+}
+
+/*
+ * Hardware entropy. RDSEED reads the conditioned entropy source itself (for
+ * seeding, as here), RDRAND a DRBG reseeded from it; both may come back empty
+ * (CF=0) when drained, so each step retries a bounded number of times (Intel's
+ * DRNG guide: 10 for RDRAND) and RDSEED falls back to RDRAND. Both run in ring
+ * 3. Under KVM with -cpu host and under TCG's -cpu max both exist; CPUID says.
+ */
+enum { RNG_UNKNOWN, RNG_NONE, RNG_RDRAND, RNG_RDSEED };
+static int rng = RNG_UNKNOWN;
+
+static void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4])
+{
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+
+static int rng_kind(void)
+{
+    if (rng == RNG_UNKNOWN) {
+        uint32_t r[4];
+        cpuid(0, 0, r);
+        uint32_t max = r[0];
+        cpuid(1, 0, r);
+        int rdrand = (r[2] >> 30) & 1;
+        int rdseed = 0;
+        if (max >= 7) {
+            cpuid(7, 0, r);
+            rdseed = (r[1] >> 18) & 1;
+        }
+        rng = rdseed ? RNG_RDSEED : rdrand ? RNG_RDRAND : RNG_NONE;
+    }
+    return rng;
+}
+
+static int rdseed64(uint64_t *v)
+{
+    uint8_t ok;
+    for (int i = 0; i < 64; i++) {
+        __asm__ volatile("rdseed %0; setc %1" : "=r"(*v), "=qm"(ok));
+        if (ok)
+            return 1;
+        __asm__ volatile("pause");
+    }
+    return 0;
+}
+
+static int rdrand64(uint64_t *v)
+{
+    uint8_t ok;
+    for (int i = 0; i < 10; i++) {
+        __asm__ volatile("rdrand %0; setc %1" : "=r"(*v), "=qm"(ok));
+        if (ok)
+            return 1;
+    }
+    return 0;
+}
+
+int platform_entropy(void *buf, size_t len)
+{
+    int kind = rng_kind();
+    if (kind == RNG_NONE)
+        return -1;
+    uint8_t *out = buf;
+    while (len) {
+        uint64_t v;
+        if (!(kind == RNG_RDSEED && rdseed64(&v)) && !rdrand64(&v))
+            return -1;
+        size_t n = len < sizeof v ? len : sizeof v;
+        memcpy(out, &v, n);
+        out += n;
+        len -= n;
+    }
+    return 0;
 }
 
 void platform_run_in_ring3(void (*fn)(void))

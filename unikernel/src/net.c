@@ -1,7 +1,7 @@
 /*
- * lwIP glue: a netif over virtio-net, DHCP, and one pass of the polling loop
- * (frames in, lwIP's timers, frames out). The loop itself is the
- * application's (main.c); HTTP is http.c.
+ * lwIP glue: a netif over virtio-net, DHCP, TCP's initial sequence numbers,
+ * and one pass of the polling loop (frames in, lwIP's timers, frames out).
+ * The loop itself is the application's (main.c); HTTP is http.c.
  */
 #include <string.h>
 #include "lwip/init.h"
@@ -12,6 +12,7 @@
 #include "lwip/timeouts.h"
 #include "lwip/ip4_addr.h"
 #include "netif/ethernet.h"
+#include "lwiphooks.h"
 #include "net.h"
 #include "virtio_net.h"
 #include "platform.h"
@@ -23,6 +24,74 @@ static uint64_t rx_dropped, tx_dropped;
 u32_t sys_now(void)
 {
     return platform_now_ms();
+}
+
+/*
+ * RFC 6528 §3: ISN = M + F(localip, localport, remoteip, remoteport, key), M a
+ * 4 us timer and F a pseudorandom function keyed once at boot. F is
+ * SipHash-2-4 (Linux's choice for the same job): an off-path attacker who
+ * sees the ISNs of its own connections learns nothing of anyone else's.
+ */
+static uint64_t isn_key[2];
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                              \
+    do {                                                                      \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);             \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);             \
+    } while (0)
+
+static uint64_t siphash24(const uint64_t k[2], const uint8_t *m, size_t len)
+{
+    uint64_t v0 = k[0] ^ 0x736f6d6570736575ull, v1 = k[1] ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k[0] ^ 0x6c7967656e657261ull, v3 = k[1] ^ 0x7465646279746573ull;
+    uint64_t b = (uint64_t)len << 56, w;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&w, m + i, 8); /* little-endian, as the reference */
+        v3 ^= w;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= w;
+    }
+    for (size_t j = 0; i + j < len; j++)
+        b |= (uint64_t)m[i + j] << (8 * j);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+u32_t net_tcp_isn(const ip_addr_t *local_ip, u16_t local_port,
+                  const ip_addr_t *remote_ip, u16_t remote_port)
+{
+    uint8_t m[12];
+    uint32_t la = ip4_addr_get_u32(ip_2_ip4(local_ip)), ra = ip4_addr_get_u32(ip_2_ip4(remote_ip));
+    memcpy(m, &la, 4);
+    memcpy(m + 4, &ra, 4);
+    memcpy(m + 8, &local_port, 2);
+    memcpy(m + 10, &remote_port, 2);
+    uint32_t clock = (uint32_t)(platform_now_ns() / 4000u);
+    return clock + (uint32_t)siphash24(isn_key, m, sizeof m);
+}
+
+static void isn_keygen(void)
+{
+    if (platform_entropy(isn_key, sizeof isn_key) == 0)
+        return;
+    /* No RDSEED/RDRAND (an old CPU model): the boot's clock readings are all
+     * there is. Still per-boot and per-connection, but guessable: say so. */
+    platform_printf("orisha: no hardware random numbers: TCP sequence numbers keyed from the clock\n");
+    isn_key[0] = platform_now_ns() ^ ((uint64_t)platform_random() << 32);
+    isn_key[1] = ((uint64_t)platform_random() << 32) ^ platform_unix_time();
 }
 
 static void rx_frame(const uint8_t *frame, size_t len, void *arg)
@@ -89,6 +158,7 @@ void net_init(void)
         PANIC("no virtio-net device found");
     if (platform_verbose())
         platform_printf("orisha: nic %s\n", virtio_net_describe());
+    isn_keygen();
     lwip_init();
     if (!netif_add(&nif, NULL, NULL, NULL, NULL, netif_setup, ethernet_input))
         PANIC("netif_add failed");

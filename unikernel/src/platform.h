@@ -49,5 +49,8 @@ uint32_t platform_now_ms(void);
 uint64_t platform_unix_time(void);     /* wall clock, seconds */
 void platform_wallclock_poll(void);    /* from the main loop: finds the RTC's second edge */
 uint32_t platform_random(void);
+/* Hardware entropy (cpu.c: RDSEED, else RDRAND) for keys and seeds: fills
+ * buf and returns 0, or -1 when the CPU has none or it stays empty. */
+int platform_entropy(void *buf, size_t len);
 
 #endif

@@ -1,0 +1,11 @@
+/* lwIP hooks (LWIP_HOOK_FILENAME in lwipopts.h): the functions lwIP calls
+ * back into the kernel, each defined in the subsystem named by its prefix. */
+#ifndef ORISHA_LWIPHOOKS_H
+#define ORISHA_LWIPHOOKS_H
+#include "lwip/ip_addr.h"
+
+/* RFC 6528 initial sequence numbers (net.c). */
+u32_t net_tcp_isn(const ip_addr_t *local_ip, u16_t local_port,
+                  const ip_addr_t *remote_ip, u16_t remote_port);
+
+#endif
