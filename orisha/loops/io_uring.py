@@ -19,7 +19,6 @@ user_data 0 is refused, so op tags start at 1.
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import time
 
@@ -37,12 +36,14 @@ _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class _Conn:
-    __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing", "shut", "region", "done")
+    __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing", "shut", "region", "done",
+                 "late")
 
     def __init__(self, cid: int, fd: int, conn, buf: memoryview) -> None:
         self.id, self.fd, self.conn, self.buf = cid, fd, conn, buf
         self.recv, self.iov, self.closing, self.shut = False, None, False, False
         self.region, self.done = None, 0  # a FileRegion being written and its bytes written
+        self.late = False  # accepted after the stop: answer what it sent, then close
 
 
 class Loop:
@@ -113,7 +114,7 @@ class Loop:
             return [c.region.view[c.done:]]
         return bufs[:list(map(type, bufs)).index(FileRegion)]
 
-    def _accepted(self, fd: int, now: float) -> None:
+    def _accepted(self, fd: int, now: float, late: bool = False) -> None:
         if not self.free:
             slab = memoryview(bytearray(SLAB * RECV))
             self.free += [slab[i * RECV:(i + 1) * RECV] for i in range(SLAB)]
@@ -125,6 +126,7 @@ class Loop:
             peer = "-"
         s.detach()
         c = self.conns[self.next_id] = _Conn(self.next_id, fd, self.app.connect(now, peer), self.free.pop())
+        c.late = late
         self.next_id += 1
         self._service(c)
 
@@ -185,10 +187,10 @@ class Loop:
         if not flags & F_MORE:
             self.accepting = False
         if res >= 0:
-            if self.stopped:
-                os.close(res)
-            else:
-                self._accepted(res, now)
+            # Multishot accept takes connections from the backlog eagerly, so some arrive
+            # after the stop: they are answered once (closing them would reset a client
+            # whose request the next generation would otherwise have served).
+            self._accepted(res, now, self.stopped)
         elif -res in _EXHAUSTED:
             self.paused = True  # re-armed at the next tick: no spinning on EMFILE
         elif res == -errno.EINVAL and self.multishot:
@@ -208,6 +210,8 @@ class Loop:
             c.recv = False
             if res >= 0:
                 c.conn.receive(bytes(c.buf[:res]), now)
+                if c.late:
+                    c.conn.shutdown(now)
             elif res != -errno.ECANCELED:
                 c.closing = True  # ECONNRESET and friends end this connection only
         else:
