@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -117,6 +118,7 @@ def main() -> None:
     finally:
         p.terminate()
         p.wait(20)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
