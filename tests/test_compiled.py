@@ -160,3 +160,47 @@ def test_compiled_io_uring_on_older_kernels(tmp_path, kernel):
             assert c.request("/files/big.txt", headers={"Accept-Encoding": "identity"}).body == big
     finally:
         assert s.stop() == 0
+
+
+def test_large_bodies_are_file_regions_and_small_ones_views(tmp_path):
+    """orisha/blob.py: a body of REGION_MIN bytes or more is a FileRegion of the blob file
+    (sliced for a 206 into a region or, when small, a view); the rest are memoryviews."""
+    from orisha.blob import REGION_MIN, FileRegion
+    from orisha.server import load_site
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out).returncode == 0
+    site = load_site(out)
+    big = open(os.path.join(DEMO, "files/big.txt"), "rb").read()
+    body = site.routes[b"/files/big.txt"].identity.body
+    assert isinstance(body, FileRegion) and len(body) == len(big) >= REGION_MIN
+    assert bytes(body) == big and os.pread(body.fd, 100, body.offset) == big[:100]
+    part = body[1000:1000 + REGION_MIN]
+    assert isinstance(part, FileRegion) and bytes(part) == big[1000:1000 + REGION_MIN]
+    small = body[5:10]
+    assert isinstance(small, memoryview) and bytes(small) == big[5:10]
+    assert isinstance(site.routes[b"/index.html"].identity.body, memoryview)
+
+
+def test_release_drops_the_blob_pages_from_the_process(tmp_path):
+    """orisha.blob.release(): the pages a send mapped in leave this process's PSS."""
+    from orisha import blob
+    from orisha.server import load_site
+
+    def blob_kib() -> int:
+        kib, inside = 0, False
+        for line in open("/proc/self/smaps"):
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith("site.blob")
+            elif inside and line.startswith("Rss:"):
+                kib += int(line.split()[1])
+        return kib
+
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out).returncode == 0
+    site = load_site(out)
+    for entry in site.routes.values():
+        for v in getattr(entry, "variants", ()):
+            bytes(v.body)  # what a send from the map does: touches every page
+    assert blob_kib() > 0
+    blob.release()
+    assert blob_kib() == 0
