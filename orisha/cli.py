@@ -90,9 +90,16 @@ def main() -> None:
               help="A _redirects rule, as one string (repeatable; before the site's _redirects).")
 @click.option("--autoindex", is_flag=True,
               help="Generate a listing (like nginx's autoindex) for folders without index.html.")
+@click.option("--tls-cert", metavar="FILE", help="With --loop unikernel: PEM certificate (chain "
+              "allowed) built into the image, which then serves TLS on port 443.")
+@click.option("--tls-key", metavar="FILE", help="With --loop unikernel: PEM private key of --tls-cert.")
 def build(site, out, fallback, not_found, cache_control, loop, no_cache, target, symlinks,
-          headers, redirects, autoindex) -> None:
+          headers, redirects, autoindex, tls_cert, tls_key) -> None:
     """Compile SITE into responses in OUT."""
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if tls_cert and target == "container":
+        raise click.UsageError("--tls-cert/--tls-key: with --loop unikernel only")
     if target == "container":
         from .targets.container.build import build as builder
     else:
@@ -100,7 +107,8 @@ def build(site, out, fallback, not_found, cache_control, loop, no_cache, target,
     r = builder(site, out, fallback=fallback, not_found=not_found,
                 cache_control=_cache_controls(cache_control), loop=loop,
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
-                symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex)
+                symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex,
+                **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
     click.echo(_summary(r))
 
 
@@ -146,17 +154,19 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
 @main.command()
 @click.argument("path", type=click.Path())
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Host address QEMU forwards to the guest's port 80.")
+              help="Host address QEMU forwards to the guest's port 80 (443 for an image built with TLS).")
 @click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
 @click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto", show_default=True,
               help="QEMU accelerator; auto is KVM when /dev/kvm is usable.")
 @click.option("--memory", type=int, metavar="MB", help="Guest RAM [default: image size + 16 MiB, at least 64].")
+@click.option("--http-port", type=int, metavar="PORT", help="For an image built with --tls-cert "
+              "(whose TLS port --port reaches): also forward PORT to its plain port 80 (0: a free port).")
 @_limit_options
-def boot(path, host, port, accel, memory, **limits) -> None:
+def boot(path, host, port, accel, memory, http_port, **limits) -> None:
     """Boot a unikernel build (orisha build --loop unikernel) under QEMU."""
     from .targets.unikernel.boot import boot as run_boot
     sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
-                      limits=Limits(**limits)))
+                      limits=Limits(**limits), http_port=http_port))
 
 
 @main.command()

@@ -3,6 +3,7 @@
 #   unikernel/build.sh SITE_BLOB [OUTPUT_IMAGE]
 # Default output: unikernel/build/orisha.img (a 32-bit ELF for QEMU -kernel).
 # Needs gcc, binutils, make; fetches lwIP with `apt-get source` (see fetch-lwip.sh).
+# With TLS_CERT and TLS_KEY set (PEM paths) the kernel also serves TLS on 443.
 # The core's generated header must be in $BUILD/gen (BUILD defaults to build):
 # `orisha build --loop unikernel` writes it; by hand, from the repository root, first
 #   python -m orisha.targets.unikernel.policy_header unikernel/build/gen
@@ -14,5 +15,15 @@ site=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 out=${2:-$here/build/orisha.img}
 case "$out" in /*) ;; *) out=$(pwd)/$out ;; esac
 lwip=$("$here/fetch-lwip.sh")
-make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" >&2
+# TLS_CERT and TLS_KEY (PEM files, from the environment): a kernel that also
+# serves TLS on 443, with mbedTLS fetched like lwIP (fetch-mbedtls.sh).
+if [ -n "${TLS_CERT:-}" ]; then
+    [ -n "${TLS_KEY:-}" ] || { echo "build.sh: TLS_CERT without TLS_KEY" >&2; exit 2; }
+    mbedtls=$("$here/fetch-mbedtls.sh")
+    make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
+        MBEDTLS_DIR="$mbedtls" TLS_CERT="$TLS_CERT" TLS_KEY="$TLS_KEY" >&2
+else
+    make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
+        TLS_CERT= TLS_KEY= >&2
+fi
 echo "$out"

@@ -64,10 +64,17 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           cache: str | None = "", progress: bool = False,
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
           symlinks: str = "follow", headers: list[str] | tuple = (),
-          redirects: list[str] | tuple = (), autoindex: bool = False) -> Result:
+          redirects: list[str] | tuple = (), autoindex: bool = False,
+          tls: tuple[str, str] | None = None) -> Result:
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
+    if tls:  # (cert, key) for a kernel that serves TLS: checked before anything is built
+        if loop != "unikernel":
+            raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
+                             "(the hosted server takes them at `orisha serve`)")
+        from ..targets.unikernel.certs import check
+        tls = check(*tls)
     if not os.path.isdir(site):
         raise BuildError(f"{site}: no such directory" if not os.path.exists(site)
                          else f"{site}: not a directory")
@@ -105,7 +112,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
                    {"files": served, "bytes": totals}, compiled)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
-            image.write(tmp, docs.used, table, nf, fallback, compiled)
+            image.write(tmp, docs.used, table, nf, fallback, compiled, tls)
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
 

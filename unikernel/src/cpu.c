@@ -100,6 +100,16 @@ void platform_cpu_init(void)
                       (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
     platform_gdt[6] = base >> 32;
     __asm__ volatile("ltr %w0" : : "r"(0x28));
+
+    /* SSE on (CR4.OSFXSR, OSXMMEXCPT; CR0.MP set, EM clear): the kernel itself is
+     * built -mgeneral-regs-only, but mbedTLS's AES-NI and PCLMULQDQ code (one file,
+     * the Makefile's aesni.o) runs in xmm registers, which #UD until the OS says it
+     * saves them. Nothing preempts the polling loop, so nothing needs saving. */
+    uint64_t cr0, cr4;
+    __asm__ volatile("mov %%cr0, %0" : "=r"(cr0));
+    __asm__ volatile("mov %0, %%cr0" : : "r"((cr0 & ~(1ull << 2)) | (1ull << 1)));
+    __asm__ volatile("mov %%cr4, %0" : "=r"(cr4));
+    __asm__ volatile("mov %0, %%cr4" : : "r"(cr4 | (1ull << 9) | (1ull << 10)));
 }
 
 /*

@@ -16,6 +16,12 @@
  *   tcp_sent, or from the poll timer after ERR_MEM: exhaustion slows a
  *   connection down, it never fails it.
  * - The poll timer (500 ms) drives the core's timeouts.
+ * - TLS (a kernel built with a certificate, tls.h) listens on 443 beside the
+ *   plain port: ciphertext waits in the same pbuf queue, plaintext goes to the
+ *   same core, and responses are encrypted as lwIP takes them (small segments
+ *   gathered so a small response is one record). A handshake must finish
+ *   within the head timeout, as in the Python TLS layer; the last response is
+ *   followed by a close_notify, then the linger below.
  * - After the last response the connection lingers, as the Python core's
  *   (connection.py _finish): our side is shut (a FIN after the queued bytes)
  *   and input is read and dropped until the peer's FIN, at most
@@ -30,6 +36,7 @@
 #include "core.h"
 #include "http.h"
 #include "platform.h"
+#include "tls.h"
 
 #define HTTP_PORT 80
 /* One slot per lwIP PCB: a slot is always free when lwIP could accept. */
@@ -42,6 +49,14 @@
 /* Pbufs response data may hold in lwIP's send queues, all connections together: the
  * segment pool less a SYN-ACK or FIN for every slot (see may_queue). */
 #define QUEUE_LIMIT (MEMP_NUM_TCP_SEG - HTTP_CONNS - WRITE_PBUFS)
+/* Records a TLS connection keeps queued in lwIP: copies, from lwIP's heap, so all
+ * of them together stay within half of it (the rest holds received frames). 64 KiB
+ * each held one download to ~15 MB/s behind QEMU's user networking, 192 to ~30. */
+#define TLS_QUEUE (192 * 1024)
+#define TLS_QUEUE_ALL (MEM_SIZE / 2)
+/* Response bytes gathered into one TLS record when a segment is short (a head,
+ * its Date tail, a small body): one record instead of three. */
+#define TLS_GATHER 4096
 
 struct hconn {
     struct tcp_pcb *pcb;
@@ -53,12 +68,15 @@ struct hconn {
     uint8_t closing;             /* tcp_close failed (no memory): retry from poll */
     uint8_t lingering;           /* our FIN is queued; input is dropped until the peer's */
     uint64_t linger_since;       /* ms: when lingering began */
+    uint64_t accepted;           /* ms: for the TLS handshake's timeout */
+    struct tls *tls;             /* NULL: the plain port */
     struct core_conn core;
 };
 
 static struct hconn conns[HTTP_CONNS];
 static uint32_t open_conns;
-static struct tcp_pcb *listener;
+static struct tcp_pcb *listener, *tls_listener;
+static int tls_port;             /* the address of this marks tls_listener's accepts */
 static int stopping;             /* http_stop(): each connection ends after its current response */
 
 static uint64_t now_ms(void)
@@ -68,6 +86,9 @@ static uint64_t now_ms(void)
 
 static void release(struct hconn *h)
 {
+    if (h->tls)
+        tls_free(h->tls);
+    h->tls = NULL;
     open_conns--;
     h->used = 0;
     h->pcb = NULL;
@@ -191,11 +212,76 @@ static int may_queue(const struct tcp_pcb *pcb)
     return queued <= QUEUE_LIMIT && pcb->snd_queuelen <= QUEUE_LIMIT / open_conns;
 }
 
+/* Past n bytes of the current response. */
+static void advance(struct hconn *h, size_t n)
+{
+    struct core_resp *r = &h->core.resp;
+    while (n) {
+        size_t left = r->seg[h->seg].len - h->seg_off;
+        size_t k = n < left ? n : left;
+        h->seg_off += (uint32_t)k;
+        n -= k;
+        if (h->seg_off == r->seg[h->seg].len) {
+            h->seg++;
+            h->seg_off = 0;
+        }
+    }
+    while (h->seg < r->n && r->seg[h->seg].len == 0)
+        h->seg++;
+}
+
+/* The TLS twin of write_resp's loop: 1 done, 0 blocked, -1 closed. A short
+ * segment is gathered with what follows into one record (copied into `gather`:
+ * mbedTLS copies the plaintext into its record at once, so one buffer serves
+ * every connection, and a retry after WANT_WRITE only flushes that record). */
+static int write_tls(struct hconn *h)
+{
+    static uint8_t gather[TLS_GATHER];
+    struct core_resp *r = &h->core.resp;
+    struct tcp_pcb *pcb = h->pcb;
+    while (h->seg < r->n) {
+        const struct core_seg *s = &r->seg[h->seg];
+        const uint8_t *p = s->p + h->seg_off;
+        size_t n = s->len - h->seg_off;
+        if (n < TLS_GATHER && h->seg + 1 < r->n) {
+            size_t g = 0;
+            uint32_t off = h->seg_off;
+            for (uint8_t i = h->seg; i < r->n && g < TLS_GATHER; i++, off = 0) {
+                size_t k = r->seg[i].len - off;
+                if (k > TLS_GATHER - g)
+                    k = TLS_GATHER - g;
+                memcpy(gather + g, r->seg[i].p + off, k);
+                g += k;
+            }
+            p = gather;
+            n = g;
+        }
+        size_t queued = TCP_SND_BUF - pcb->snd_buf; /* tcp_sndbuf() caps at 64 KiB */
+        size_t share = TLS_QUEUE_ALL / open_conns < TLS_QUEUE ? TLS_QUEUE_ALL / open_conns : TLS_QUEUE;
+        size_t room = queued < share ? share - queued : 0;
+        if (room > tcp_sndbuf(pcb))
+            room = tcp_sndbuf(pcb);
+        if (!may_queue(pcb))
+            return 0;
+        long w = tls_write(h->tls, p, n, room);
+        if (w < 0)
+            return close_conn(h), -1;
+        if (w == 0)
+            return 0;
+        advance(h, (size_t)w);
+    }
+    r->n = 0;
+    h->seg = 0;
+    return 1;
+}
+
 /* Queue as much of the current response as lwIP takes: 1 done, 0 blocked, -1 aborted. */
 static int write_resp(struct hconn *h)
 {
     struct core_resp *r = &h->core.resp;
     struct tcp_pcb *pcb = h->pcb;
+    if (h->tls)
+        return write_tls(h);
     while (h->seg < r->n) {
         const struct core_seg *s = &r->seg[h->seg];
         size_t n = s->len - h->seg_off;
@@ -244,6 +330,8 @@ static err_t pump(struct hconn *h)
             continue;
         }
         if (core_done(c) || stopping) {
+            if (h->tls)
+                tls_close_notify(h->tls);
             tcp_output(h->pcb);
             return linger(h);
         }
@@ -251,6 +339,24 @@ static err_t pump(struct hconn *h)
             continue;
         if (core_done(c))
             continue;
+        if (h->tls) {
+            const uint8_t *p;
+            long n = core_wants_input(c) ? tls_plain(h->tls, &p) : 0;
+            if (n > 0) {
+                size_t k = core_take(c, p, (size_t)n);
+                if (k) {
+                    tls_consume(h->tls, k);
+                    continue;
+                }
+            } else if (n == TLS_CLOSED && !c->eof) {
+                core_eof(c); /* close_notify, or a bare EOF: answer what is asked */
+                continue;
+            } else if (n == TLS_FAILED) {
+                tcp_output(h->pcb); /* mbedTLS's alert */
+                return close_conn(h);
+            }
+            break;
+        }
         if (h->in && core_wants_input(c)) {
             size_t k = core_take(c, h->in->payload, h->in->len);
             if (k) {
@@ -323,6 +429,9 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
             end_linger(h);
         return ERR_OK;
     }
+    if (h->tls && tls_handshaking(h->tls) &&
+        now_ms() - h->accepted > core_limits.head_timeout)
+        return close_conn(h); /* a slow or silent handshake */
     int writing = h->core.resp.n || pcb->unsent || pcb->unacked;
     if (core_tick(&h->core, now_ms(), writing))
         return writing ? abort_conn(h) : close_conn(h); /* a reader that takes nothing is dropped */
@@ -343,7 +452,6 @@ static void on_err(void *arg, err_t err)
 
 static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
 {
-    (void)arg;
     if (err != ERR_OK || !pcb)
         return ERR_VAL;
     struct hconn *h = NULL;
@@ -365,6 +473,13 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->peer_eof = 0;
     h->closing = 0;
     h->lingering = 0;
+    h->accepted = now_ms();
+    h->tls = NULL;
+    if (arg == &tls_port && !(h->tls = tls_new(pcb, &h->in, &h->peer_eof))) {
+        h->used = 0; /* the TLS heap is full: refuse, as the PCB pool refuses SYNs */
+        tcp_abort(pcb);
+        return ERR_ABRT;
+    }
     open_conns++;
     core_connect(&h->core, now_ms(), open_conns); /* over the limit: a 503 to write */
     tcp_arg(pcb, h);
@@ -432,20 +547,31 @@ static void limits_from_cmdline(void)
     }
 }
 
-void http_init(const uint8_t *image, size_t len)
+static struct tcp_pcb *listen_on(uint16_t port, void *arg)
+{
+    struct tcp_pcb *pcb = tcp_new();
+    ASSERT(pcb);
+    err_t e = tcp_bind(pcb, IP_ANY_TYPE, port);
+    if (e != ERR_OK)
+        PANIC("http: bind port %d failed (%d)", port, e);
+    struct tcp_pcb *l = tcp_listen(pcb);
+    ASSERT(l);
+    tcp_arg(l, arg);
+    tcp_accept(l, on_accept);
+    return l;
+}
+
+int http_init(const uint8_t *image, size_t len)
 {
     uint32_t routes = core_init(image, len);
     limits_from_cmdline();
-    struct tcp_pcb *pcb = tcp_new();
-    ASSERT(pcb);
-    err_t e = tcp_bind(pcb, IP_ANY_TYPE, HTTP_PORT);
-    if (e != ERR_OK)
-        PANIC("http: bind port %d failed (%d)", HTTP_PORT, e);
-    listener = tcp_listen(pcb);
-    ASSERT(listener);
-    tcp_accept(listener, on_accept);
+    listener = listen_on(HTTP_PORT, NULL);
+    if (tls_init())
+        tls_listener = listen_on(TLS_PORT, &tls_port);
     if (platform_verbose())
-        platform_printf("orisha: http listening on port %d, %u routes\n", HTTP_PORT, routes);
+        platform_printf("orisha: http listening on port %d%s, %u routes\n", HTTP_PORT,
+                        tls_listener ? " and tls on 443" : "", routes);
+    return tls_listener != NULL;
 }
 
 /*
@@ -462,6 +588,9 @@ void http_stop(void)
     if (tcp_close(listener) != ERR_OK) /* a listener closes without allocating */
         PANIC("http: closing the listener failed");
     listener = NULL;
+    if (tls_listener && tcp_close(tls_listener) != ERR_OK)
+        PANIC("http: closing the TLS listener failed");
+    tls_listener = NULL;
     for (int i = 0; i < HTTP_CONNS; i++) {
         struct hconn *h = &conns[i];
         if (!h->used || h->closing || h->lingering)

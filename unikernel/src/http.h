@@ -10,8 +10,9 @@
 #define ORISHA_HTTP_H
 #include <stddef.h>
 #include <stdint.h>
-/* Adopt the site image (PANICs on a bad one), read the limits, listen. */
-void http_init(const uint8_t *image, size_t len);
+/* Adopt the site image (PANICs on a bad one), read the limits, listen on 80
+ * (and TLS on 443 when the kernel has a certificate: then returns 1). */
+int http_init(const uint8_t *image, size_t len);
 /* Graceful stop: no new connections; each open one ends after its current response. */
 void http_stop(void);
 /* 1 while connections are open or sent bytes are unacknowledged (0 after a stop: drained). */

@@ -82,6 +82,16 @@ char *strchr(const char *s, int c)
     }
 }
 
+/* mbedTLS's PEM parser looks for its BEGIN/END lines with it. */
+char *strstr(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (; *hay; hay++)
+        if (strncmp(hay, needle, n) == 0)
+            return (char *)hay;
+    return n ? NULL : (char *)hay;
+}
+
 int atoi(const char *s)
 {
     int sign = 1, v = 0;

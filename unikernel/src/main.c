@@ -105,10 +105,10 @@ int main(void)
     /* Serial output costs a VM exit per byte on some hosts (~3 ms a line),
      * so the default boot log is two lines; orisha.verbose adds details. */
     net_init(); /* starts DHCP */
-    http_init(site, site_len);
+    int tls = http_init(site, site_len);
     wait_for_address(); /* net.c logs the address */
-    platform_printf("orisha: serving http on port 80, site %zu bytes, boot %u ms\n",
-                    site_len, platform_now_ms());
+    platform_printf("orisha: serving http on port 80%s, site %zu bytes, boot %u ms\n",
+                    tls ? " and https on port 443" : "", site_len, platform_now_ms());
     if (platform_cmdline_has("orisha.exit=ready"))
         return 0; /* boot-time measurements */
     serve();

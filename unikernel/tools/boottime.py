@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Measure QEMU start -> first complete HTTP response, wall clock.
 
-usage: tools/boottime.py IMAGE [--runs N] [--port P] (env ACCEL/MACHINE/MEM as run.sh)
+usage: tools/boottime.py IMAGE [--runs N] [--port P] [--https CA] (env ACCEL/MACHINE/MEM as run.sh)
 Each attempt opens a fresh connection with a short timeout, sends a GET and
 waits for a full response head; retries until one arrives (max 30 s).
+--https CA: the image's TLS port (443), a full TLS handshake verified with CA
+in every attempt (an image built with --tls-cert).
 QEMU is started directly with orisha boot's command line (boot.qemu_command),
 so the figure holds no Python start-up.
 """
-import argparse, os, signal, socket, statistics, subprocess, sys, threading, time
+import argparse, os, signal, socket, ssl, statistics, subprocess, sys, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
-from orisha.targets.unikernel.boot import guest_megabytes, qemu_command, resolve_accel  # noqa: E402
+from orisha.targets.unikernel.boot import (GUEST_HTTP, GUEST_TLS, guest_megabytes,  # noqa: E402
+                                           qemu_command, resolve_accel)
+
+TLS = None  # an ssl.SSLContext with --https
 
 
 def command(image, port):
@@ -19,12 +24,16 @@ def command(image, port):
     mem = os.environ.get("MEM", "").rstrip("M")
     return qemu_command(image, "127.0.0.1", port, resolve_accel(os.environ.get("ACCEL", "auto")),
                         int(mem) if mem else guest_megabytes(image), os.environ.get("APPEND", ""),
-                        os.environ.get("MACHINE", "microvm"))
+                        os.environ.get("MACHINE", "microvm"),
+                        guest_port=GUEST_TLS if TLS else GUEST_HTTP)
 
 def attempt(port, timeout):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
         s.settimeout(timeout)
+        if TLS:  # the handshake has the rest of the timeout (signing happens in the guest)
+            s.settimeout(max(timeout, float(os.environ.get("TLS_TIMEOUT", "0.2"))))
+            s = TLS.wrap_socket(s, server_hostname="localhost")
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         data = b""
         while b"\r\n\r\n" not in data:
@@ -68,7 +77,11 @@ def main():
     ap.add_argument("image")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--port", type=int, default=0, help="default: a free port")
+    ap.add_argument("--https", metavar="CA", help="measure the first HTTPS response (CA: PEM file)")
     a = ap.parse_args()
+    if a.https:
+        global TLS
+        TLS = ssl.create_default_context(cafile=a.https)
     if not a.port:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -1,7 +1,9 @@
 """Booting a unikernel build under QEMU: ``orisha boot OUT``.
 
 Strategy: one QEMU process per boot (microvm, the kernel as ``-kernel``, user
-networking forwarding HOST:PORT to guest port 80); ``qemu_command`` is the one
+networking forwarding HOST:PORT to guest port 80, or to its TLS port 443 for an
+image built with a certificate, whose port 80 is forwarded from ``http_port``
+when one is given); ``qemu_command`` is the one
 place its command line is written (``unikernel/run.sh`` prints it with
 ``python3 -m orisha.targets.unikernel.boot --print-command``). The serial
 console is the kernel's log: it is streamed to stderr, and its ``serving`` line
@@ -106,10 +108,15 @@ def cmdline(limits: Limits) -> str:
     return " ".join(parts)
 
 
+GUEST_HTTP, GUEST_TLS = 80, 443  # the kernel's ports (unikernel/src/http.c, tls.h)
+
+
 def qemu_command(image: str, host: str, port: int, accel: str, memory: int, append: str,
-                 machine: str = "microvm") -> list[str]:
+                 machine: str = "microvm", guest_port: int = GUEST_HTTP,
+                 http_port: int | None = None) -> list[str]:
     """The QEMU command line, the only copy: microvm with virtio-mmio (what ``orisha boot``
-    runs), or pc/q35 with a transitional virtio-net-pci (the driver's PCI path)."""
+    runs), or pc/q35 with a transitional virtio-net-pci (the driver's PCI path). HOST:PORT
+    forwards to ``guest_port``; HOST:``http_port``, if given, to the guest's port 80."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise BootError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
@@ -125,7 +132,8 @@ def qemu_command(image: str, host: str, port: int, accel: str, memory: int, appe
         raise BootError(f"machine {machine!r}: choose one of {', '.join(MACHINES)}")
     cmd = [qemu, *mach, *cpu, "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
            "-serial", "stdio", "-no-reboot", "-kernel", image,
-           "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:80",
+           "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:{guest_port}"
+           + (f",hostfwd=tcp:{host}:{http_port}-:{GUEST_HTTP}" if http_port else ""),
            "-device", nic,
            "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]
     if append:
@@ -333,19 +341,36 @@ def _drain(vm: _Vm, grace: float, force: threading.Event) -> None:
                         + (f": {panic.strip()}" if panic else ""))
 
 
+def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manifest: dict) -> str:
+    urls = f"https://{host}:{port}/" if tls else f"http://{host}:{port}/"
+    if http_port:
+        urls += f" and http://{host}:{http_port}/"
+    return (f"orisha: serving {urls} (loop unikernel, 1 worker, pid {os.getpid()}): "
+            f"{manifest.get('summary', '')}")
+
+
 def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto",
          memory: int | None = None, limits: Limits | None = None, announce=print,
-         log=sys.stderr) -> int:
+         log=sys.stderr, http_port: int | None = None) -> int:
+    """Boot OUT's image; PORT reaches its TLS port when it has one (else port 80),
+    ``http_port`` its port 80 beside TLS."""
     limits = limits or Limits()
     manifest = _manifest(out)
     image = os.path.join(out, manifest["image"])
     if not os.path.isfile(image):
         raise BootError(f"{image}: missing (rebuild with --loop unikernel)")
+    tls = bool(manifest.get("tls"))
+    if http_port is not None and not tls:
+        raise BootError(f"--http-port: {out} serves plain HTTP only, on --port (build it with "
+                        "--tls-cert/--tls-key for a TLS port beside it)")
     accel = resolve_accel(accel)
     memory = memory or guest_megabytes(image)
     if port == 0:
         port = free_port(host)
-    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits))
+    if http_port == 0:
+        http_port = free_port(host)
+    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits),
+                       guest_port=GUEST_TLS if tls else GUEST_HTTP, http_port=http_port)
 
     stop, force = threading.Event(), threading.Event()
 
@@ -358,12 +383,11 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     try:
         vm = _Vm(cmd, log)
         _wait_serving(vm, stop, started)
-        if not widen_backlog(vm.proc.pid, port):
+        if not all([widen_backlog(vm.proc.pid, p) for p in (port, http_port) if p]):
             print("orisha: QEMU's port forward keeps its backlog of 1: bursts of new connections "
                   "may wait seconds", file=log, flush=True)
         ms = (time.monotonic() - started) * 1000
-        announce(f"orisha: serving http://{host}:{port}/ (loop unikernel, 1 worker, pid {os.getpid()}): "
-                 f"{manifest.get('summary', '')}")
+        announce(_serving_line(host, port, tls, http_port, manifest))
         sys.stdout.flush()
         print(f"orisha: booted {image} in {ms:.0f} ms ({accel}, {memory} MiB)", file=log, flush=True)
         _serve_until_stopped(vm, stop)

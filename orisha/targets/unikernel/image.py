@@ -341,8 +341,9 @@ def encode(docs: list[Document], table: dict[bytes, tuple], not_found: Document,
                     site_rules=site_rules, **_multipart(img.data.put, boundary(docs)))
 
 
-def link(blob_path: str, image_path: str) -> None:
-    """Run unikernel/build.sh: the kernel with the blob embedded, as one ELF for QEMU -kernel."""
+def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) -> None:
+    """Run unikernel/build.sh: the kernel with the blob embedded, as one ELF for QEMU -kernel
+    (with ``tls``, checked (cert, key) paths, one that also serves TLS on 443)."""
     from . import policy_header  # here: it reads this module's layouts
     src = unikernel_dir()
     script = os.path.join(src, "build.sh")
@@ -352,7 +353,8 @@ def link(blob_path: str, image_path: str) -> None:
     # concurrent builds take turns; the lock also keeps them off each other's site.bin.
     objdir = os.path.join(src, "build", "image")
     os.makedirs(objdir, exist_ok=True)
-    env = dict(os.environ, BUILD="build/image", JOBS=os.environ.get("JOBS", "2"))
+    env = dict(os.environ, BUILD="build/image", JOBS=os.environ.get("JOBS", "2"),
+               TLS_CERT=tls[0] if tls else "", TLS_KEY=tls[1] if tls else "")
     with open(os.path.join(objdir, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         policy_header.write(os.path.join(objdir, "gen"))  # the Makefile's $(GEN)
@@ -368,15 +370,15 @@ def link(blob_path: str, image_path: str) -> None:
 
 
 def write(out: str, docs: list[Document], table: dict[bytes, tuple], not_found: Document,
-          fallback: str | None, runtime: list = ()) -> None:
+          fallback: str | None, runtime: list = (), tls: tuple[str, str] | None = None) -> None:
     """Write OUT/site.img and OUT/orisha.img, and record them in OUT's manifest."""
     blob = encode(docs, table, not_found, fallback, runtime)
     blob_path = os.path.join(out, BLOB)
     with open(blob_path, "wb") as f:
         f.write(blob)
     image_path = os.path.join(out, IMAGE)
-    link(blob_path, image_path)
+    link(blob_path, image_path, tls)
     os.chmod(image_path, 0o644)
     size = os.path.getsize(image_path)
     manifest.update(out, image=IMAGE, image_bytes=size, site_image_bytes=len(blob),
-                    kernel_bytes=size - len(blob))
+                    kernel_bytes=size - len(blob), tls=bool(tls))

@@ -1,0 +1,279 @@
+/*
+ * TLS 1.3 (and 1.2) with mbedTLS for the HTTP glue (see tls.h). Strategy:
+ * mbedTLS does the protocol; this file gives it the kernel's memory, entropy,
+ * clocks and lwIP, and nothing more.
+ *
+ * - Memory: mbedTLS allocates and frees per session, which the kernel's bump
+ *   arena cannot do, so its own first-fit heap (memory_buffer_alloc) runs over
+ *   a fixed bss region. A session costs about 40 KB (two 16 KiB record
+ *   buffers); when the heap is full a new connection is reset.
+ * - Entropy: RDSEED/RDRAND (platform_entropy) is mbedTLS's hardware source
+ *   (MBEDTLS_ENTROPY_HARDWARE_ALT: mbedtls_entropy_init adds it as a strong
+ *   source), which seeds PSA's CTR_DRBG; every key share, nonce and signature
+ *   draws from that. A CPU without either cannot serve TLS: PANIC at boot.
+ * - Time: mbedtls_time is the wall clock (platform_unix_time), mbedtls_ms_time
+ *   the monotonic clock.
+ * - I/O: mbedtls_ssl_set_bio over the connection's pbuf queue (input) and
+ *   tcp_write (output); WANT_READ / WANT_WRITE mean "wait for the next lwIP
+ *   callback", never a busy loop.
+ * - The certificate chain and key are PEM text linked into the kernel (the
+ *   Makefile's tls.o, from the files given to `orisha build`, which checked
+ *   them with Python's ssl module); ALPN offers http/1.1.
+ */
+#include <string.h>
+#include "lwip/tcp.h"
+#include "mbedtls/ssl.h"
+#include "mbedtls/x509_crt.h"
+#include "mbedtls/pk.h"
+#include "mbedtls/error.h"
+#include "mbedtls/entropy.h"
+#include "mbedtls/platform.h"
+#include "mbedtls/platform_time.h"
+#include "mbedtls/memory_buffer_alloc.h"
+#include "mbedtls/psa_util.h"
+#include "psa/crypto.h"
+#include "platform.h"
+#include "tls.h"
+
+#define HEAP_SIZE (6u * 1024 * 1024)
+#define PLAIN_MAX 2048           /* plaintext read ahead of the core per record read */
+#define RECORD_OVERHEAD 64       /* header, type byte, tag (22 in TLS 1.3), with room */
+
+/* Linked by the Makefile (tls.o): PEM text, each NUL-terminated for mbedTLS. */
+extern const unsigned char tls_cert_pem[], tls_cert_pem_end[];
+extern const unsigned char tls_key_pem[], tls_key_pem_end[];
+
+struct tls {
+    mbedtls_ssl_context ssl;
+    struct tcp_pcb *pcb;
+    struct pbuf **in;            /* the connection's ciphertext queue */
+    const uint8_t *eof;          /* the peer's FIN */
+    size_t pending;              /* plaintext bytes of a record mbedTLS holds (WANT_WRITE) */
+    uint16_t plain_off, plain_len;
+    uint8_t plain[PLAIN_MAX];
+};
+
+static unsigned char heap[HEAP_SIZE] __attribute__((aligned(64)));
+static mbedtls_ssl_config conf;
+static mbedtls_x509_crt chain;
+static mbedtls_pk_context key;
+static const char *alpn[] = { "http/1.1", NULL };
+
+int mbedtls_hardware_poll(void *data, unsigned char *out, size_t len, size_t *olen);
+
+int mbedtls_hardware_poll(void *data, unsigned char *out, size_t len, size_t *olen)
+{
+    (void)data;
+    if (platform_entropy(out, len) != 0) {
+        *olen = 0;
+        return MBEDTLS_ERR_ENTROPY_SOURCE_FAILED;
+    }
+    *olen = len;
+    return 0;
+}
+
+long long tls_time(long long *t)
+{
+    long long now = (long long)platform_unix_time();
+    if (t)
+        *t = now;
+    return now;
+}
+
+mbedtls_ms_time_t mbedtls_ms_time(void)
+{
+    return (mbedtls_ms_time_t)(platform_now_ns() / 1000000u);
+}
+
+/* Codes only: MBEDTLS_ERROR_C's message table would cost more than the rest of
+ * this file; `programs/util/strerror` in the mbedTLS sources reads them. */
+static void fail(const char *what, int ret)
+{
+    PANIC("tls: %s: mbedTLS error -0x%04x", what, (unsigned)-ret);
+}
+
+int tls_init(void)
+{
+    unsigned char probe[8];
+    if (platform_entropy(probe, sizeof probe) != 0)
+        PANIC("tls: the CPU has no RDSEED/RDRAND: no entropy for TLS keys");
+    mbedtls_memory_buffer_alloc_init(heap, sizeof heap);
+    psa_status_t st = psa_crypto_init();
+    if (st != PSA_SUCCESS)
+        PANIC("tls: psa_crypto_init failed (%d)", (int)st);
+    int ret;
+    mbedtls_x509_crt_init(&chain);
+    if ((ret = mbedtls_x509_crt_parse(&chain, tls_cert_pem,
+                                      (size_t)(tls_cert_pem_end - tls_cert_pem))) != 0)
+        fail("certificate", ret);
+    mbedtls_pk_init(&key);
+    if ((ret = mbedtls_pk_parse_key(&key, tls_key_pem, (size_t)(tls_key_pem_end - tls_key_pem),
+                                    NULL, 0, mbedtls_psa_get_random, MBEDTLS_PSA_RANDOM_STATE)) != 0)
+        fail("key", ret);
+    mbedtls_ssl_config_init(&conf);
+    if ((ret = mbedtls_ssl_config_defaults(&conf, MBEDTLS_SSL_IS_SERVER, MBEDTLS_SSL_TRANSPORT_STREAM,
+                                           MBEDTLS_SSL_PRESET_DEFAULT)) != 0)
+        fail("config", ret);
+    mbedtls_ssl_conf_rng(&conf, mbedtls_psa_get_random, MBEDTLS_PSA_RANDOM_STATE);
+    mbedtls_ssl_conf_min_tls_version(&conf, MBEDTLS_SSL_VERSION_TLS1_2);
+    if ((ret = mbedtls_ssl_conf_own_cert(&conf, &chain, &key)) != 0)
+        fail("certificate and key", ret);
+    if ((ret = mbedtls_ssl_conf_alpn_protocols(&conf, alpn)) != 0)
+        fail("alpn", ret);
+    if (platform_verbose())
+        platform_printf("orisha: tls: %s key, %u-byte chain, heap %u KiB\n",
+                        mbedtls_pk_get_name(&key), (unsigned)(tls_cert_pem_end - tls_cert_pem),
+                        HEAP_SIZE / 1024);
+    return 1;
+}
+
+/* mbedTLS's output: records copied into lwIP's send queue, as much as fits. */
+static int bio_send(void *ctx, const unsigned char *buf, size_t len)
+{
+    struct tls *t = ctx;
+    size_t n = tcp_sndbuf(t->pcb);
+    if (n > len)
+        n = len;
+    err_t e;
+    while (n && (e = tcp_write(t->pcb, buf, (u16_t)n, TCP_WRITE_FLAG_COPY)) == ERR_MEM && n > TCP_MSS)
+        n /= 2;
+    if (!n || e == ERR_MEM)
+        return MBEDTLS_ERR_SSL_WANT_WRITE; /* resumed from tcp_sent or the poll timer */
+    if (e != ERR_OK)
+        return MBEDTLS_ERR_SSL_INTERNAL_ERROR;
+    return (int)n;
+}
+
+/* mbedTLS's input: bytes from the connection's pbuf queue, received as taken. */
+static int bio_recv(void *ctx, unsigned char *buf, size_t len)
+{
+    struct tls *t = ctx;
+    size_t got = 0;
+    while (got < len && *t->in) {
+        struct pbuf *p = *t->in;
+        size_t k = len - got < p->len ? len - got : p->len;
+        memcpy(buf + got, p->payload, k);
+        got += k;
+        tcp_recved(t->pcb, (u16_t)k);
+        *t->in = pbuf_free_header(p, (u16_t)k);
+    }
+    if (got)
+        return (int)got;
+    return *t->eof ? 0 : MBEDTLS_ERR_SSL_WANT_READ;
+}
+
+struct tls *tls_new(struct tcp_pcb *pcb, struct pbuf **in, const uint8_t *eof)
+{
+    struct tls *t = mbedtls_calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    mbedtls_ssl_init(&t->ssl);
+    if (mbedtls_ssl_setup(&t->ssl, &conf) != 0) { /* its record buffers: out of heap */
+        mbedtls_ssl_free(&t->ssl);
+        mbedtls_free(t);
+        return NULL;
+    }
+    t->pcb = pcb;
+    t->in = in;
+    t->eof = eof;
+    mbedtls_ssl_set_bio(&t->ssl, t, bio_send, bio_recv, NULL);
+    return t;
+}
+
+void tls_free(struct tls *t)
+{
+    mbedtls_ssl_free(&t->ssl);
+    mbedtls_free(t);
+}
+
+int tls_handshaking(const struct tls *t)
+{
+    return !mbedtls_ssl_is_handshake_over((mbedtls_ssl_context *)&t->ssl);
+}
+
+/* Whether a mbedTLS result means "wait for lwIP" (input, room to send). */
+static int waiting(int ret)
+{
+    return ret == MBEDTLS_ERR_SSL_WANT_READ || ret == MBEDTLS_ERR_SSL_WANT_WRITE;
+}
+
+/* Drive the handshake: 1 done, 0 waiting, TLS_CLOSED/TLS_FAILED. A failed one has
+ * sent its alert (mbedTLS does) and the connection closes. */
+static int handshake(struct tls *t)
+{
+    if (mbedtls_ssl_is_handshake_over(&t->ssl))
+        return 1;
+    int ret = mbedtls_ssl_handshake(&t->ssl);
+    if (ret == 0)
+        return 1;
+    if (waiting(ret))
+        return 0;
+    if (ret == MBEDTLS_ERR_SSL_CONN_EOF)
+        return TLS_CLOSED;
+    if (platform_verbose())
+        platform_printf("orisha: tls handshake failed: mbedTLS error -0x%04x\n", (unsigned)-ret);
+    return TLS_FAILED;
+}
+
+long tls_plain(struct tls *t, const uint8_t **p)
+{
+    if (t->plain_off == t->plain_len) {
+        int h = handshake(t);
+        if (h <= 0)
+            return h;
+        int ret = mbedtls_ssl_read(&t->ssl, t->plain, sizeof t->plain);
+        if (ret > 0) {
+            t->plain_off = 0;
+            t->plain_len = (uint16_t)ret;
+        } else if (waiting(ret)) {
+            return 0;
+        } else if (ret == 0 || ret == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY || ret == MBEDTLS_ERR_SSL_CONN_EOF) {
+            return TLS_CLOSED; /* a bare EOF too: the core answers what it has (as tls.py) */
+        } else {
+            return TLS_FAILED; /* a bad record: mbedTLS sent its alert */
+        }
+    }
+    *p = t->plain + t->plain_off;
+    return t->plain_len - t->plain_off;
+}
+
+void tls_consume(struct tls *t, size_t n)
+{
+    t->plain_off = (uint16_t)(t->plain_off + n);
+}
+
+long tls_write(struct tls *t, const uint8_t *p, size_t n, size_t room)
+{
+    int h = handshake(t);
+    if (h < 0)
+        return TLS_FAILED;
+    if (h == 0)
+        return 0;
+    if (t->pending) {
+        n = t->pending; /* mbedTLS holds this record: the same call again flushes it */
+    } else {
+        if (room < RECORD_OVERHEAD + 1)
+            return 0;
+        if (n > room - RECORD_OVERHEAD)
+            n = room - RECORD_OVERHEAD;
+        if (n > MBEDTLS_SSL_OUT_CONTENT_LEN)
+            n = MBEDTLS_SSL_OUT_CONTENT_LEN;
+    }
+    int ret = mbedtls_ssl_write(&t->ssl, p, n);
+    if (ret == MBEDTLS_ERR_SSL_WANT_WRITE) {
+        /* After the handshake this comes only from flushing the record just
+         * encrypted: mbedTLS holds it, and the same call later sends the rest. */
+        t->pending = n;
+        return 0;
+    }
+    if (ret == MBEDTLS_ERR_SSL_WANT_READ)
+        return 0;
+    t->pending = 0;
+    return ret < 0 ? TLS_FAILED : ret;
+}
+
+void tls_close_notify(struct tls *t)
+{
+    if (mbedtls_ssl_is_handshake_over(&t->ssl))
+        (void)mbedtls_ssl_close_notify(&t->ssl); /* WANT_WRITE: lost, as an unacknowledged FIN would be */
+}
