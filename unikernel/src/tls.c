@@ -151,6 +151,12 @@ static int bio_recv(void *ctx, unsigned char *buf, size_t len)
     size_t got = 0;
     while (got < len && *t->in) {
         struct pbuf *p = *t->in;
+        if (!p->len) { /* an empty pbuf heading the chain: pbuf_free_header(p, 0) would keep it */
+            *t->in = p->next;
+            p->next = NULL;
+            pbuf_free(p);
+            continue;
+        }
         size_t k = len - got < p->len ? len - got : p->len;
         memcpy(buf + got, p->payload, k);
         got += k;

@@ -1,0 +1,364 @@
+"""HTTPS served by the booted unikernel itself (issue 15): mbedTLS in the image.
+
+The demo site is built with ``--tls-cert``/``--tls-key`` from a test CA
+(tests/tlsutil.py) and booted with ``orisha boot --port P --http-port Q``: P
+reaches the guest's TLS port 443, Q its plain port 80. Clients are curl and
+Python's ssl with that CA on real loopback sockets.
+
+The whole conformance suite (tests/test_conformance.py) runs again over HTTPS:
+its tests are imported here, and their ``port`` and ``spa_port`` fixtures are
+overridden by a TLS client relay — plain TCP from the test to the relay, TLS
+(verified against the CA, ALPN http/1.1) from the relay to the guest, each
+direction's EOF passed on as close_notify plus FIN, and a reset as a reset — so
+every behaviour (framing, pipelining, timeouts, ranges, errors) is checked with
+TLS underneath, byte for byte as on the plain port.
+
+A bad key or certificate fails the build with one line naming the file and no
+output directory (orisha/targets/unikernel/certs.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+from conftest import DEMO, MODES, ROOT, TEST_LIMITS, demo_file, orisha
+from tlsutil import make_pki
+from unikernel_target import build
+
+from test_conformance import *  # noqa: F401,F403  (the suite, run again over TLS below)
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
+                                reason="apt-get install qemu-system-x86")
+
+WAIT = 60
+PAGES = ["/", "/css/site.css", "/docs/", "/docs/guide/getting-started", "/img/pixel.png",
+         "/files/big.txt", "/files/empty.txt", "/files/caf%C3%A9%20men%C3%BC.txt", "/nope"]
+FILES = {"/": "index.html", "/docs/": "docs/index.html",
+         "/docs/guide/getting-started": "docs/guide/getting-started.html",
+         "/files/caf%C3%A9%20men%C3%BC.txt": "files/café menü.txt", "/nope": "404.html"}
+
+
+class TlsBoot:
+    """``orisha boot OUT --port 0 --http-port 0`` of a TLS build: ``port`` (https) and
+    ``http_port`` from its serving line, the serial log kept."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.log: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orisha.cli", "boot", out, "--port", "0", "--http-port", "0",
+             *TEST_LIMITS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+        self.line = self.proc.stdout.readline()
+        m = re.search(r"https://127\.0\.0\.1:(\d+)/ and http://127\.0\.0\.1:(\d+)/", self.line)
+        if not m:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"no serving line: {self.line!r}\n{''.join(self.log)}")
+        self.port, self.http_port = int(m.group(1)), int(m.group(2))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+class Relay:
+    """Plain TCP in, TLS to the guest out: one thread per direction of each connection,
+    the SSLObject shared under a lock (sends happen outside it, so a full window on
+    one side never stalls the other)."""
+
+    def __init__(self, target: int, ctx: ssl.SSLContext) -> None:
+        self.target, self.ctx = target, ctx
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:  # closed: the module is done
+                return
+            threading.Thread(target=self._connection, args=(client,), daemon=True).start()
+
+    def _connection(self, client: socket.socket) -> None:
+        up = socket.create_connection(("127.0.0.1", self.target), timeout=WAIT)
+        up.settimeout(None)
+        inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self.ctx.wrap_bio(inc, out, server_hostname="localhost")
+        try:
+            while True:  # the handshake, before any byte of the client's
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    up.sendall(out.read())
+                    data = up.recv(65536)
+                    if not data:
+                        raise ConnectionResetError("EOF in the handshake")
+                    inc.write(data)
+            up.sendall(out.read())
+        except OSError:  # ssl.SSLError too: the guest refused the handshake
+            _reset(client)
+            up.close()
+            return
+        lock = threading.Lock()
+        down = threading.Thread(target=self._down, args=(tls, inc, lock, up, client), daemon=True)
+        down.start()
+        self._up(tls, out, lock, client, up)
+        down.join()
+        client.close()
+        up.close()
+
+    @staticmethod
+    def _up(tls, out, lock, client: socket.socket, up: socket.socket) -> None:
+        """Client -> guest: plaintext encrypted; EOF as close_notify and FIN."""
+        while True:
+            try:
+                data = client.recv(65536)
+            except OSError:  # the client reset: so does the relay
+                _reset(up)
+                return
+            with lock:
+                if data:
+                    tls.write(data)
+                else:
+                    try:
+                        tls.unwrap()  # close_notify; the guest's own is not awaited
+                    except (ssl.SSLWantReadError, ssl.SSLError):
+                        pass
+                record = out.read()
+            try:
+                up.sendall(record)
+                if not data:
+                    up.shutdown(socket.SHUT_WR)
+                    return
+            except OSError:  # the guest is gone; the other direction reports how
+                return
+
+    @staticmethod
+    def _down(tls, inc, lock, up: socket.socket, client: socket.socket) -> None:
+        """Guest -> client: records decrypted; FIN as FIN, a reset as a reset."""
+        while True:
+            try:
+                data = up.recv(65536)
+            except OSError:
+                _reset(client)
+                return
+            if not data:
+                try:
+                    client.shutdown(socket.SHUT_WR)
+                except OSError:  # the client is gone
+                    pass
+                return
+            plain = bytearray()
+            with lock:
+                inc.write(data)
+                while True:
+                    try:
+                        chunk = tls.read(65536)
+                    except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                        break  # need more; or the guest's close_notify (its FIN follows)
+                    if not chunk:
+                        break
+                    plain += chunk
+            try:
+                client.sendall(plain)
+            except OSError:  # the client went away: stop reading for it
+                _reset(up)
+                return
+
+
+def _reset(s: socket.socket) -> None:
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:  # already closed
+        pass
+    s.close()
+
+
+def client_ctx(ca: str, version: str | None = None, alpn=("http/1.1",)) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca)
+    if alpn:
+        ctx.set_alpn_protocols(list(alpn))
+    if version == "1.2":
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    elif version == "1.3":
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def tls_pki(tmp_path_factory):
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
+
+
+_boots: dict = {}
+
+
+def _boot(pki, mode: str) -> TlsBoot:
+    if mode not in _boots:
+        tmp = tempfile.mkdtemp(prefix="orisha-uk-tls-")
+        out = os.path.join(tmp, "out")
+        build(DEMO, [*MODES[mode], "--tls-cert", pki.chain, "--tls-key", pki.key], out)
+        _boots[mode] = (TlsBoot(out), tmp)
+    return _boots[mode][0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_boots():
+    yield
+    for vm, tmp in _boots.values():
+        vm.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    _boots.clear()
+
+
+@pytest.fixture(scope="module")
+def vm(tls_pki):
+    return _boot(tls_pki, "notfound")
+
+
+# -- the conformance suite over TLS: its fixtures, overridden for this module --------------
+
+@pytest.fixture(scope="module")
+def loop():
+    return "unikernel"
+
+
+@pytest.fixture(scope="module")
+def port(vm, tls_pki):
+    relay = Relay(vm.port, client_ctx(tls_pki.ca))
+    yield relay.port
+    relay.close()
+
+
+@pytest.fixture(scope="module")
+def spa_port(tls_pki):
+    relay = Relay(_boot(tls_pki, "spa").port, client_ctx(tls_pki.ca))
+    yield relay.port
+    relay.close()
+
+
+# -- HTTPS itself ---------------------------------------------------------------------------
+
+def curl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "30", *args], capture_output=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_curl_gets_every_page_byte_identical(vm, tls_pki, tmp_path, version):
+    """curl with the test CA (certificate verified, ALPN http/1.1): every page as in the
+    site, and as the plain port serves it."""
+    args = ["--cacert", tls_pki.ca, f"--tlsv{version}", "--tls-max", version,
+            "-w", "%{http_version} %{http_code} %{ssl_verify_result}\\n"]
+    for i, path in enumerate(PAGES):
+        args += ["-o", str(tmp_path / f"s{i}"), f"https://localhost:{vm.port}{path}",
+                 "-o", str(tmp_path / f"p{i}"), f"http://127.0.0.1:{vm.http_port}{path}"]
+    r = curl(*args)
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.decode().splitlines()
+    assert [row.split()[0] for row in rows] == ["1.1"] * 2 * len(PAGES)
+    assert [row.split()[2] for row in rows[0::2]] == ["0"] * len(PAGES)  # verified
+    for i, path in enumerate(PAGES):
+        expect = demo_file(FILES.get(path, path[1:]))
+        assert (tmp_path / f"s{i}").read_bytes() == expect, path
+        assert (tmp_path / f"p{i}").read_bytes() == expect, path
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_versions_and_alpn(vm, tls_pki, version):
+    ctx = client_ctx(tls_pki.ca, version, alpn=("h2", "http/1.1"))
+    with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        assert s.version() == f"TLSv{version}"
+        assert s.selected_alpn_protocol() == "http/1.1"
+        s.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert data.endswith(demo_file("css/site.css"))
+
+
+def test_big_downloads_in_parallel(vm, tls_pki, tmp_path):
+    """Eight 1.2 MB downloads at once over TLS: whole, and the kernel still answers."""
+    procs = [subprocess.Popen(["curl", "-sS", "--max-time", "60", "--cacert", tls_pki.ca,
+                               "-o", str(tmp_path / f"b{i}"), f"https://localhost:{vm.port}/files/big.txt"],
+                              stderr=subprocess.PIPE) for i in range(8)]
+    for p in procs:
+        assert p.wait(90) == 0, p.stderr.read()
+    big = demo_file("files/big.txt")
+    for i in range(8):
+        assert (tmp_path / f"b{i}").read_bytes() == big
+
+
+def test_plain_http_on_the_tls_port_is_refused(vm):
+    """Bytes that are no TLS record end the connection (mbedTLS's alert, then a close)."""
+    with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        try:
+            while chunk := s.recv(4096):
+                got += chunk
+        except ConnectionResetError:  # a reset is a close too
+            pass
+    assert not got.startswith(b"HTTP/")
+
+
+def test_a_silent_handshake_is_dropped_after_the_head_timeout(vm):
+    """TCP connected, no ClientHello: closed after --head-timeout (2 s here), as the
+    Python TLS layer bounds handshakes."""
+    with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as s:
+        s.settimeout(10)
+        try:
+            assert s.recv(1) == b""
+        except ConnectionResetError:
+            pass
+
+
+def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
+    out = str(tmp_path / "out")
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
+               "--tls-cert", tls_pki.chain, "--tls-key", tls_pki.key2)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and tls_pki.key2 in lines[0] and "does not match" in lines[0], r.stderr
+    assert not os.path.exists(out)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a key\n")
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
+               "--tls-cert", tls_pki.chain, "--tls-key", str(junk))
+    assert r.returncode != 0 and str(junk) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
+               "--tls-cert", str(junk), "--tls-key", tls_pki.key)
+    assert r.returncode != 0 and str(junk) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(out)
+
+
+def test_kernel_size_with_tls(vm):
+    """The manifest's kernel_bytes (the image less the site): at most 428 KB with TLS."""
+    from orisha import manifest
+    m = manifest.read(vm.out)
+    assert m["tls"] is True
+    assert m["kernel_bytes"] <= 428 * 1024, m["kernel_bytes"]
