@@ -42,11 +42,16 @@ def alive(port) -> bool:
     (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"v" * 9000 + b"\r\n\r\n", 431),
     (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"x" * 9000 + b": v\r\n\r\n", 431),
     (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40 + b"\r\n\r\n", 400),  # TLS hello
-    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),  # HTTP/2 preface
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "h2"),  # HTTP/2 preface: h2c (the image: 505)
 ])
-def test_smuggling_and_framing_attacks(port, data, status):
-    out = split_responses(exchange(port, data + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
-    assert [s for s, _, _ in out] == [status]  # answered, then closed: nothing after is parsed
+def test_smuggling_and_framing_attacks(port, loop, data, status):
+    raw = exchange(port, data + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    if status == "h2" and loop != "unikernel":  # RFC 9113 §3.3: HTTP/2 with prior knowledge;
+        assert raw[3] == 4 and raw[-14] == 7  # SETTINGS first, GOAWAY last: the rest is no frame
+    else:
+        out = split_responses(raw)
+        # answered, then closed: nothing after is parsed
+        assert [s for s, _, _ in out] == [505 if status == "h2" else status]
     assert alive(port)
 
 
