@@ -337,6 +337,34 @@ def test_a_silent_handshake_is_dropped_after_the_head_timeout(vm):
             pass
 
 
+def _rsa_leaf(pki, folder) -> tuple[str, str]:
+    """A 2048-bit RSA leaf for localhost signed by the test CA."""
+    run = lambda *a: subprocess.run(["openssl", *a], cwd=folder, check=True,  # noqa: E731
+                                    capture_output=True, timeout=60)
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "rsa.key", "-out", "rsa.csr",
+        "-subj", "/CN=localhost")
+    run("x509", "-req", "-in", "rsa.csr", "-CA", pki.ca, "-CAkey", os.path.join(pki.dir, "ca.key"),
+        "-CAcreateserial", "-out", "rsa.pem", "-days", "3",
+        "-extfile", os.path.join(pki.dir, "leaf.ext"))
+    return os.path.join(folder, "rsa.pem"), os.path.join(folder, "rsa.key")
+
+
+def test_an_rsa_certificate_over_tls12_and_tls13(tls_pki, tmp_path):
+    """RSA keys sign with PKCS#1 v1.5 (TLS 1.2) and PSS (TLS 1.3, rsa_pss_rsae_*)."""
+    cert, key = _rsa_leaf(tls_pki, str(tmp_path))
+    out = str(tmp_path / "out")
+    build(DEMO, ["--tls-cert", cert, "--tls-key", key], out)
+    booted = TlsBoot(out)
+    try:
+        for version in ("1.2", "1.3"):
+            r = curl("--cacert", tls_pki.ca, f"--tlsv{version}", "--tls-max", version,
+                     "-o", str(tmp_path / "page"), f"https://localhost:{booted.port}/css/site.css")
+            assert r.returncode == 0, (version, r.stderr)
+            assert (tmp_path / "page").read_bytes() == demo_file("css/site.css")
+    finally:
+        booted.stop()
+
+
 def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
     out = str(tmp_path / "out")
     r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",

@@ -92,6 +92,8 @@ long long tls_time(long long *t);
 #define MBEDTLS_BASE64_C
 #define MBEDTLS_X509_USE_C
 #define MBEDTLS_X509_CRT_PARSE_C
+/* Without it mbedTLS's default signature list has no rsa_pss_rsae_*: no TLS 1.3 with RSA keys. */
+#define MBEDTLS_X509_RSASSA_PSS_SUPPORT
 
 /* TLS. */
 #define MBEDTLS_SSL_TLS_C
