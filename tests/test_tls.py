@@ -260,3 +260,17 @@ def test_a_client_hello_on_the_plain_port_gets_400(h2c_port, pki):
         pass
     s.close()
     assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+def test_ktls_is_probed_and_the_reason_given(monkeypatch, tmp_path):
+    from orisha.protocols import tls
+    if not hasattr(ssl, "OP_ENABLE_KTLS"):
+        assert "has no ssl.OP_ENABLE_KTLS" in tls.probe_ktls()
+        monkeypatch.setattr(ssl, "OP_ENABLE_KTLS", 1 << 3, raising=False)
+    ulp = tmp_path / "ulp"
+    monkeypatch.setattr(tls, "ULP", str(ulp))
+    assert "not Linux" in tls.probe_ktls()
+    ulp.write_text("mptcp\n")  # this machine's kernel: no tls module loaded
+    assert tls.probe_ktls() == "kTLS off: the kernel offers no 'tls' ULP (has: mptcp)"
+    ulp.write_text("mptcp tls\n")  # even then: OpenSSL enables kTLS on socket BIOs only
+    assert "memory BIOs" in tls.probe_ktls()

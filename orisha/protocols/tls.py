@@ -50,6 +50,7 @@ ALPN = ("h2", "http/1.1")
 # RFC 9113 §9.2.2: HTTP/2 over TLS 1.2 needs ephemeral key exchange and an AEAD cipher.
 _TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+ULP = "/proc/sys/net/ipv4/tcp_available_ulp"  # the kernel's TCP upper-layer protocols ("tls")
 
 
 def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
@@ -86,10 +87,10 @@ def probe_ktls() -> str:
         return (f"kTLS off: Python {sys.version_info[0]}.{sys.version_info[1]} has no "
                 "ssl.OP_ENABLE_KTLS (3.12+)")
     try:
-        with open("/proc/sys/net/ipv4/tcp_available_ulp") as f:
+        with open(ULP) as f:
             ulps = f.read().split()
     except OSError:
-        return "kTLS off: no /proc/sys/net/ipv4/tcp_available_ulp (not Linux)"
+        return f"kTLS off: no {ULP} (not Linux)"
     if "tls" not in ulps:
         return f"kTLS off: the kernel offers no 'tls' ULP (has: {' '.join(ulps) or 'none'})"
     return "kTLS off: TLS runs over memory BIOs (OpenSSL enables kTLS on socket BIOs only)"
