@@ -24,6 +24,8 @@ No fault may leave the service down or a process behind:
   the one that forked it, which closes the race with a death before the prctl.
 - Stop and reload signals are blocked around ``fork``: a SIGTERM sent to a
   worker before it has installed its handler stays pending instead of being lost.
+- Once the stop is done, stop and reload signals are ignored: a second SIGTERM
+  while the interpreter exits cannot turn the exit status 0 into death by signal.
 """
 
 from __future__ import annotations
@@ -176,9 +178,25 @@ class Supervisor:
                 self._reload()
             self._restart_due()
             self._escalate()
+        self._settle_signals()
         for s in self.socks:
             s.close()
         return 0
+
+    @staticmethod
+    def _settle_signals() -> None:
+        """Stopped: from here to the process's end, stop and reload signals are ignored.
+
+        The exit that follows finalizes the interpreter, and CPython's ``_PySignal_Fini``
+        first puts every signal with a Python handler back to its default action, then
+        tears down the modules (the loaded site among them). A second SIGTERM in that
+        window (an impatient ``docker stop``, a test's teardown) would turn a clean stop
+        into death by SIGTERM; ignored signals stay ignored through finalization.
+        """
+        signal.set_wakeup_fd(-1)
+        for sig in (*STOP_SIGNALS, RELOAD_SIGNAL):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # no worker is left to reap
 
     def _timeout(self) -> float:
         """Seconds until the next thing to do (a restart, a SIGKILL), at most 1."""
