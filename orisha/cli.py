@@ -158,7 +158,8 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
 @click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
 @click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto", show_default=True,
               help="QEMU accelerator; auto is KVM when /dev/kvm is usable.")
-@click.option("--memory", type=int, metavar="MB", help="Guest RAM [default: image size + 16 MiB, at least 64].")
+@click.option("--memory", type=int, metavar="MB",
+              help="Guest RAM [default: the image's end, bss included, + 1 MiB].")
 @click.option("--http-port", type=int, metavar="PORT", help="For an image built with --tls-cert "
               "(whose TLS port --port reaches): also forward PORT to its plain port 80 (0: a free port).")
 @_limit_options

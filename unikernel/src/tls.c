@@ -35,7 +35,7 @@
 #include "platform.h"
 #include "tls.h"
 
-#define HEAP_SIZE (6u * 1024 * 1024)
+#define HEAP_SIZE (5u * 1024 * 1024)
 #define PLAIN_MAX 2048           /* plaintext read ahead of the core per record read */
 #define RECORD_OVERHEAD 64       /* header, type byte, tag (22 in TLS 1.3), with room */
 
