@@ -228,9 +228,7 @@ class TlsConnection:
             self._flush_tls()
             return
         except ssl.SSLError:  # a failed handshake: OpenSSL's alert goes out, then we close
-            self._flush_tls()
-            self.state = self.PLAIN
-            self.should_close = not self.cipher
+            self._broken()
             return
         self._flush_tls()
         self.state = self.OPEN
