@@ -91,6 +91,7 @@ CASES = [
     ("GET", "/", {"accept-encoding": "identity;q=0"}),
     ("GET", "/files/big.txt", {"range": "bytes=10-99"}),
     ("GET", "/files/big.txt", {"range": "bytes=999999999-"}),
+    ("GET", "/files/big.txt", {"range": "bytes=0-9,5000-5009"}),  # multipart/byteranges
     ("GET", "/files/big.txt", {}), ("POST", "/", {}), ("GET", "/%zz", {}),
     ("GET", "/files/empty.txt", {}), ("GET", "/img/pixel.png", {}),
 ]
