@@ -17,6 +17,7 @@ SAFE_METHODS = (b"GET", b"HEAD")
 # Methods a static site knows but cannot perform: 405 with Allow (RFC 9110 §15.5.6);
 # any other well-formed method is 501 (RFC 9110 §15.6.2).
 KNOWN_METHODS = (b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"CONNECT", b"TRACE")
+CONNECT = KNOWN_METHODS[5]  # HTTP/2 frames it differently (RFC 9113 §8.5)
 ALLOW = b"GET, HEAD"
 
 # Reason phrases of every status the core itself produces (the rest come from the build).

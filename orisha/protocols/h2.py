@@ -47,7 +47,7 @@ from hpack import Decoder, HPACKError
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
-from ..core.policy import Stat
+from ..core.policy import CONNECT, Stat
 from .hpack_blocks import CONNECTION_FIELDS, Blocks, date_field
 from .outgoing import consume
 
@@ -653,7 +653,7 @@ def _synthetic_head(fields) -> tuple[bytes | None, bytes]:
             lines.append(name + b": " + value)
     if method is None:
         return None, b""
-    if method == b"CONNECT":
+    if method == CONNECT:
         if path is not None or scheme is not None or authority is None:
             return None, b""  # §8.5
         path = authority
