@@ -20,6 +20,7 @@ output directory (orisha/targets/unikernel/certs.py).
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -363,6 +364,63 @@ def test_an_rsa_certificate_over_tls12_and_tls13(tls_pki, tmp_path):
             assert (tmp_path / "page").read_bytes() == demo_file("css/site.css")
     finally:
         booted.stop()
+
+
+def test_a_session_on_every_connection_slot(vm, tls_pki):
+    """127 TLS sessions open at once (the kernel's 128 PCBs, less the listener's share):
+    the TLS heap holds them all, and each answers a request."""
+    ctx = client_ctx(tls_pki.ca)
+    socks = []
+    try:
+        for _ in range(127):
+            raw = socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(ctx.wrap_socket(raw, server_hostname="localhost"))
+        for s in socks:
+            s.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\n\r\n")
+        for s in socks:
+            data = b""
+            while not data.endswith(demo_file("css/site.css")):
+                chunk = s.recv(65536)
+                assert chunk, data[:100]
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _junk(rng: random.Random) -> bytes:
+    kind = rng.randrange(4)
+    noise = lambda n: bytes(rng.randrange(256) for _ in range(n))  # noqa: E731
+    if kind == 0:
+        return noise(rng.randint(1, 3000))  # anything
+    if kind == 1:  # a ClientHello's first bytes, then noise
+        return b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + noise(rng.randint(0, 600))
+    if kind == 2:  # a record shorter than the message it announces
+        return b"\x16\x03\x01\x00\x05hello" + noise(50)
+    return b"\x17\x03\x03\x40\x00" + noise(20000)  # application data before any handshake
+
+
+def test_junk_on_the_tls_port_ends_in_a_close_and_the_kernel_serves_on(vm, tls_pki):
+    """200 connections of bytes no handshake can come from (random, truncated, out of
+    order): each ends in an alert or a close, never a PANIC; HTTPS works after them."""
+    rng = random.Random(15)
+    for _ in range(200):
+        with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as s:
+            s.sendall(_junk(rng))
+            s.shutdown(socket.SHUT_WR)
+            try:
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:  # a close with our bytes unread
+                pass
+    assert vm.proc.poll() is None, "".join(vm.log)
+    ctx = client_ctx(tls_pki.ca)
+    with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert s.recv(12) == b"HTTP/1.1 200"
 
 
 def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
