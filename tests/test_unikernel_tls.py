@@ -423,6 +423,44 @@ def test_junk_on_the_tls_port_ends_in_a_close_and_the_kernel_serves_on(vm, tls_p
         assert s.recv(12) == b"HTTP/1.1 200"
 
 
+def test_sigterm_drains_a_slow_tls_download(tls_pki):
+    """SIGTERM to ``orisha boot`` mid-download: every byte of the body still arrives over
+    TLS, then close_notify and EOF, and the command exits 0 after ``drained``."""
+    vm = TlsBoot(_boots_out(tls_pki))
+    try:
+        ctx = client_ctx(tls_pki.ca)
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)  # a slow reader's window
+        raw.settimeout(WAIT)
+        raw.connect(("127.0.0.1", vm.port))
+        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            s.sendall(b"GET /files/big.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = s.recv(65536)
+            vm.proc.send_signal(signal.SIGTERM)
+            while True:
+                try:
+                    chunk = s.recv(8192)
+                except ssl.SSLZeroReturnError:  # close_notify: the end, as EOF
+                    break
+                if not chunk:
+                    break
+                got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and body == demo_file("files/big.txt"), len(body)
+        assert vm.proc.wait(WAIT) == 0, "".join(vm.log)
+        assert any("orisha: drained" in line for line in vm.log)
+    finally:
+        if vm.proc.poll() is None:
+            vm.proc.kill()
+            vm.proc.wait()
+
+
+def _boots_out(pki) -> str:
+    """The notfound TLS build's output folder (booted again by tests that stop their VM)."""
+    _boot(pki, "notfound")
+    return _boots["notfound"][0].out
+
+
 def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
     out = str(tmp_path / "out")
     r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
