@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 from conftest import DEMO, MODES, ROOT, TEST_LIMITS, demo_file, orisha
@@ -269,9 +270,9 @@ def curl(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("version", ["1.2", "1.3"])
 def test_curl_gets_every_page_byte_identical(vm, tls_pki, tmp_path, version):
-    """curl with the test CA (certificate verified, ALPN http/1.1): every page as in the
+    """curl with the test CA (certificate verified, HTTP/1.1): every page as in the
     site, and as the plain port serves it."""
-    args = ["--cacert", tls_pki.ca, f"--tlsv{version}", "--tls-max", version,
+    args = ["--http1.1", "--cacert", tls_pki.ca, f"--tlsv{version}", "--tls-max", version,
             "-w", "%{http_version} %{http_code} %{ssl_verify_result}\\n"]
     for i, path in enumerate(PAGES):
         args += ["-o", str(tmp_path / f"s{i}"), f"https://localhost:{vm.port}{path}",
@@ -289,7 +290,13 @@ def test_curl_gets_every_page_byte_identical(vm, tls_pki, tmp_path, version):
 
 @pytest.mark.parametrize("version", ["1.2", "1.3"])
 def test_versions_and_alpn(vm, tls_pki, version):
+    """ALPN: h2 when offered (RFC 9113 §3.2; over TLS 1.2 too: every 1.2 suite here is
+    ECDHE with an AEAD, §9.2.2), else http/1.1."""
     ctx = client_ctx(tls_pki.ca, version, alpn=("h2", "http/1.1"))
+    with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        assert s.version() == f"TLSv{version}" and s.selected_alpn_protocol() == "h2"
+    ctx = client_ctx(tls_pki.ca, version, alpn=("http/1.1",))
     with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
             ctx.wrap_socket(raw, server_hostname="localhost") as s:
         assert s.version() == f"TLSv{version}"
@@ -459,6 +466,127 @@ def _boots_out(pki) -> str:
     """The notfound TLS build's output folder (booted again by tests that stop their VM)."""
     _boot(pki, "notfound")
     return _boots["notfound"][0].out
+
+
+# -- HTTP/2 (ALPN h2): the Python layer's tests, against the image -------------------------
+
+def h2_connect(vm, pki) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s = client_ctx(pki.ca, alpn=("h2", "http/1.1")).wrap_socket(s, server_hostname="localhost")
+    assert s.selected_alpn_protocol() == "h2"
+    return s
+
+
+def test_h2_answers_equal_the_plain_ports_http11_answers(vm, tls_pki):
+    """Every case of tests/test_h2.py (negotiation, ranges and multipart, redirects,
+    304, HEAD, 404, 405, 400): over h2 the same status, fields and body as HTTP/1.1
+    on the image's port 80, Date and Connection aside."""
+    from h2util import H2Client
+    from test_h2 import CASES, http11
+    client = H2Client(h2_connect(vm, tls_pki))
+    try:
+        etag = client.get("/").h("etag")
+        cases = CASES + [("GET", "/", {"if-none-match": etag}),
+                         ("HEAD", "/files/big.txt", {"range": "bytes=0-0"})]
+        got = client.fetch(cases)
+    finally:
+        client.close()
+    for (method, path, headers), r in zip(cases, got):
+        status, hs, body = http11(vm.http_port, method, path, headers)
+        for h in ("date", "connection"):
+            hs.pop(h, None)
+            r.headers.pop(h, None)
+        assert (r.status, r.headers, r.body) == (status, hs, body), (method, path, headers)
+
+
+def test_h2_many_concurrent_streams_on_one_connection(vm, tls_pki):
+    from h2util import H2Client
+    client = H2Client(h2_connect(vm, tls_pki))
+    try:
+        paths = ["/", "/css/site.css", "/nope", "/docs/", "/img/pixel.png"] * 20
+        paths[3] = "/files/big.txt"
+        for _ in range(3):  # 300 streams, 100 at a time (the advertised limit)
+            got = client.fetch([("GET", p, {}) for p in paths])
+            assert all(r.reset is None for r in got)
+            assert [r.status for r in got] == [200, 200, 404, 200, 200] * 20
+            assert got[3].body == demo_file("files/big.txt")
+            assert got[8].body == demo_file("docs/index.html")
+    finally:
+        client.close()
+
+
+def test_h2_with_a_tiny_window(vm, tls_pki):
+    """A client window of 1 KiB, opened as it reads: flow control both ways."""
+    from h2util import H2Client
+    client = H2Client(h2_connect(vm, tls_pki), settings={"initial_window_size": 1024})
+    try:
+        got = client.fetch([("GET", "/files/big.txt", {}), ("GET", "/css/site.css", {})])
+        assert got[0].body == demo_file("files/big.txt")
+        assert got[1].body == demo_file("css/site.css")
+    finally:
+        client.close()
+
+
+def _attacks():
+    from test_h2_attacks import ATTACKS
+    return sorted(ATTACKS)
+
+
+@pytest.mark.parametrize("name", _attacks())
+def test_h2_attacks_get_the_python_layers_answer(vm, tls_pki, name):
+    """Every attack of tests/test_h2_attacks.py over TLS: the GOAWAY code h2.py sends,
+    and the server closes (not our timeout)."""
+    from test_h2_attacks import ATTACKS, hostile
+    from h2util import goaway_code
+    make, code = ATTACKS[name]
+    started = time.monotonic()
+    out = hostile(h2_connect(vm, tls_pki), make())
+    assert goaway_code(out) == code
+    assert time.monotonic() - started < 9
+
+
+def test_h2_an_oversized_header_list_gets_431_and_the_connection_lives(vm, tls_pki):
+    from h2util import H2Client
+    client = H2Client(h2_connect(vm, tls_pki))
+    try:
+        got = client.fetch([("GET", "/", {"x-big": "v" * 9000}), ("GET", "/", {})])
+        assert [r.status for r in got] == [431, 200]
+    finally:
+        client.close()
+
+
+def test_h2_a_bad_preface_is_a_protocol_error(vm, tls_pki):
+    from h2util import goaway_code
+    s = h2_connect(vm, tls_pki)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except OSError:  # a reset after the GOAWAY
+        pass
+    assert goaway_code(out) == 1  # PROTOCOL_ERROR
+
+
+def test_curl_and_nghttp_over_h2(vm, tls_pki, tmp_path):
+    """curl (h2 by ALPN) gets every page byte-identical; nghttp fetches a page and its
+    assets on one connection."""
+    args = ["--http2", "--cacert", tls_pki.ca, "-w", "%{http_version} %{http_code}\\n"]
+    for i, path in enumerate(PAGES):
+        args += ["-o", str(tmp_path / f"{i}"), f"https://localhost:{vm.port}{path}"]
+    r = curl(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split()[0::2] == ["2"] * len(PAGES)
+    for i, path in enumerate(PAGES):
+        assert (tmp_path / f"{i}").read_bytes() == demo_file(FILES.get(path, path[1:])), path
+    if shutil.which("nghttp"):
+        r = subprocess.run(["nghttp", "-n", "-s", "-a", f"https://localhost:{vm.port}/",
+                            f"https://localhost:{vm.port}/files/big.txt"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SSL_CERT_FILE": tls_pki.ca})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "/files/big.txt" in r.stdout and " 200 " in r.stdout
 
 
 def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):

@@ -37,6 +37,7 @@
 #include "http.h"
 #include "platform.h"
 #include "tls.h"
+#include "h2.h"
 
 #define HTTP_PORT 80
 /* One slot per lwIP PCB: a slot is always free when lwIP could accept. */
@@ -55,8 +56,9 @@
 #define TLS_QUEUE (192 * 1024)
 #define TLS_QUEUE_ALL (MEM_SIZE / 2)
 /* Response bytes gathered into one TLS record when a segment is short (a head,
- * its Date tail, a small body): one record instead of three. */
-#define TLS_GATHER 4096
+ * its Date tail, a small body; an HTTP/2 frame header and its payload): one
+ * full record instead of several. */
+#define TLS_GATHER 16384
 
 struct hconn {
     struct tcp_pcb *pcb;
@@ -70,6 +72,10 @@ struct hconn {
     uint64_t linger_since;       /* ms: when lingering began */
     uint64_t accepted;           /* ms: for the TLS handshake's timeout */
     struct tls *tls;             /* NULL: the plain port */
+    struct h2 *h2;               /* ALPN chose h2 (from the TLS heap) */
+    uint32_t open;               /* connections open when this one came (h2's 503s) */
+    uint8_t started;             /* TLS: handshake done, protocol chosen */
+    uint8_t plain_eof;           /* h2: the peer's close_notify or EOF was passed on */
     struct core_conn core;
 };
 
@@ -86,6 +92,9 @@ static uint64_t now_ms(void)
 
 static void release(struct hconn *h)
 {
+    if (h->h2)
+        tls_release(h->h2);
+    h->h2 = NULL;
     if (h->tls)
         tls_free(h->tls);
     h->tls = NULL;
@@ -212,10 +221,9 @@ static int may_queue(const struct tcp_pcb *pcb)
     return queued <= QUEUE_LIMIT && pcb->snd_queuelen <= QUEUE_LIMIT / open_conns;
 }
 
-/* Past n bytes of the current response. */
-static void advance(struct hconn *h, size_t n)
+/* Past n bytes of the response being written. */
+static void advance(struct hconn *h, struct core_resp *r, size_t n)
 {
-    struct core_resp *r = &h->core.resp;
     while (n) {
         size_t left = r->seg[h->seg].len - h->seg_off;
         size_t k = n < left ? n : left;
@@ -234,10 +242,9 @@ static void advance(struct hconn *h, size_t n)
  * segment is gathered with what follows into one record (copied into `gather`:
  * mbedTLS copies the plaintext into its record at once, so one buffer serves
  * every connection, and a retry after WANT_WRITE only flushes that record). */
-static int write_tls(struct hconn *h)
+static int write_tls(struct hconn *h, struct core_resp *r)
 {
     static uint8_t gather[TLS_GATHER];
-    struct core_resp *r = &h->core.resp;
     struct tcp_pcb *pcb = h->pcb;
     while (h->seg < r->n) {
         const struct core_seg *s = &r->seg[h->seg];
@@ -265,10 +272,10 @@ static int write_tls(struct hconn *h)
             return 0;
         long w = tls_write(h->tls, p, n, room);
         if (w < 0)
-            return close_conn(h), -1;
+            return abort_conn(h), -1; /* a broken session */
         if (w == 0)
             return 0;
-        advance(h, (size_t)w);
+        advance(h, r, (size_t)w);
     }
     r->n = 0;
     h->seg = 0;
@@ -281,7 +288,7 @@ static int write_resp(struct hconn *h)
     struct core_resp *r = &h->core.resp;
     struct tcp_pcb *pcb = h->pcb;
     if (h->tls)
-        return write_tls(h);
+        return write_tls(h, r);
     while (h->seg < r->n) {
         const struct core_seg *s = &r->seg[h->seg];
         size_t n = s->len - h->seg_off;
@@ -313,6 +320,72 @@ static int write_resp(struct hconn *h)
     return 1;
 }
 
+/* An HTTP/2 connection's pump: frames out (h2.c decides which), plaintext in. */
+static err_t pump_h2(struct hconn *h, uint64_t now)
+{
+    for (;;) {
+        struct core_resp *out = h2_output(h->h2, now);
+        if (out) {
+            int w = write_tls(h, out);
+            if (w < 0)
+                return ERR_ABRT;
+            if (w == 0)
+                break;
+            h2_written(h->h2, now);
+            continue;
+        }
+        if (h2_done(h->h2)) {
+            tls_close_notify(h->tls);
+            tcp_output(h->pcb);
+            return linger(h);
+        }
+        const uint8_t *p;
+        long n = tls_plain(h->tls, &p);
+        if (n > 0) {
+            size_t k = h2_take(h->h2, p, (size_t)n, now);
+            tls_consume(h->tls, k);
+            if (k)
+                continue;
+        } else if (n == TLS_CLOSED && !h->plain_eof) {
+            h->plain_eof = 1;
+            h2_eof(h->h2);
+            continue;
+        } else if (n == TLS_FAILED) {
+            tcp_output(h->pcb); /* mbedTLS's alert */
+            return close_conn(h);
+        }
+        break;
+    }
+    tcp_output(h->pcb);
+    return ERR_OK;
+}
+
+/* A TLS connection's handshake comes first: its ALPN decides whether the core
+ * speaks HTTP/1.1 itself or through h2.c. 1: go on; 0: wait; -1: closed. */
+static int start_tls(struct hconn *h, uint64_t now)
+{
+    int r = tls_handshake(h->tls);
+    if (r == 0) {
+        tcp_output(h->pcb);
+        return 0;
+    }
+    if (r < 0) { /* a failed handshake: mbedTLS's alert goes out, then we close */
+        tcp_output(h->pcb);
+        close_conn(h);
+        return -1;
+    }
+    h->started = 1;
+    if (tls_alpn_h2(h->tls)) {
+        if (!(h->h2 = tls_alloc(h2_size()))) { /* the TLS heap is full */
+            close_conn(h);
+            return -1;
+        }
+        h->core.resp.n = 0; /* a 503 planned at accept is h2's to send, per stream */
+        h2_init(h->h2, &h->core, now, h->open);
+    }
+    return 1;
+}
+
 /* Answer whatever can be answered now; returns ERR_ABRT if the pcb is gone. */
 static err_t pump(struct hconn *h)
 {
@@ -320,6 +393,10 @@ static err_t pump(struct hconn *h)
     uint64_t now = now_ms();
     if (h->lingering)
         return ERR_OK;
+    if (h->tls && !h->started && start_tls(h, now) <= 0)
+        return ERR_OK;
+    if (h->h2)
+        return pump_h2(h, now);
     for (;;) {
         if (c->resp.n) {
             int w = write_resp(h);
@@ -432,6 +509,11 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
     if (h->tls && tls_handshaking(h->tls) &&
         now_ms() - h->accepted > core_limits.head_timeout)
         return close_conn(h); /* a slow or silent handshake */
+    if (h->h2) {
+        if (h2_tick(h->h2, now_ms(), pcb->unsent || pcb->unacked))
+            return abort_conn(h); /* a reader that takes nothing is dropped */
+        return pump(h);
+    }
     int writing = h->core.resp.n || pcb->unsent || pcb->unacked;
     if (core_tick(&h->core, now_ms(), writing))
         return writing ? abort_conn(h) : close_conn(h); /* a reader that takes nothing is dropped */
@@ -475,12 +557,15 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->lingering = 0;
     h->accepted = now_ms();
     h->tls = NULL;
+    h->h2 = NULL;
+    h->started = h->plain_eof = 0;
     if (arg == &tls_port && !(h->tls = tls_new(pcb, &h->in, &h->peer_eof))) {
         h->used = 0; /* the TLS heap is full: refuse, as the PCB pool refuses SYNs */
         tcp_abort(pcb);
         return ERR_ABRT;
     }
     open_conns++;
+    h->open = open_conns;
     core_connect(&h->core, now_ms(), open_conns); /* over the limit: a 503 to write */
     tcp_arg(pcb, h);
     tcp_recv(pcb, on_recv);
@@ -595,7 +680,10 @@ void http_stop(void)
         struct hconn *h = &conns[i];
         if (!h->used || h->closing || h->lingering)
             continue;
-        if (h->core.resp.n)
+        if (h->h2) {
+            h2_stop(h->h2);  /* GOAWAY; what was asked is still answered */
+            pump(h);
+        } else if (h->core.resp.n)
             pump(h);         /* lingers once its response is queued */
         else
             close_conn(h);   /* idle: closes now, as Connection.shutdown */

@@ -18,7 +18,7 @@
  *   callback", never a busy loop.
  * - The certificate chain and key are PEM text linked into the kernel (the
  *   Makefile's tls.o, from the files given to `orisha build`, which checked
- *   them with Python's ssl module); ALPN offers http/1.1.
+ *   them with Python's ssl module); ALPN offers h2 and http/1.1.
  */
 #include <string.h>
 #include "lwip/tcp.h"
@@ -57,7 +57,8 @@ static unsigned char heap[HEAP_SIZE] __attribute__((aligned(64)));
 static mbedtls_ssl_config conf;
 static mbedtls_x509_crt chain;
 static mbedtls_pk_context key;
-static const char *alpn[] = { "http/1.1", NULL };
+/* h2 first: mbedTLS picks the first of ours the client offers. */
+static const char *alpn[] = { "h2", "http/1.1", NULL };
 
 int mbedtls_hardware_poll(void *data, unsigned char *out, size_t len, size_t *olen);
 
@@ -205,7 +206,7 @@ static int waiting(int ret)
 
 /* Drive the handshake: 1 done, 0 waiting, TLS_CLOSED/TLS_FAILED. A failed one has
  * sent its alert (mbedTLS does) and the connection closes. */
-static int handshake(struct tls *t)
+int tls_handshake(struct tls *t)
 {
     if (mbedtls_ssl_is_handshake_over(&t->ssl))
         return 1;
@@ -224,7 +225,7 @@ static int handshake(struct tls *t)
 long tls_plain(struct tls *t, const uint8_t **p)
 {
     if (t->plain_off == t->plain_len) {
-        int h = handshake(t);
+        int h = tls_handshake(t);
         if (h <= 0)
             return h;
         int ret = mbedtls_ssl_read(&t->ssl, t->plain, sizeof t->plain);
@@ -250,7 +251,7 @@ void tls_consume(struct tls *t, size_t n)
 
 long tls_write(struct tls *t, const uint8_t *p, size_t n, size_t room)
 {
-    int h = handshake(t);
+    int h = tls_handshake(t);
     if (h < 0)
         return TLS_FAILED;
     if (h == 0)
@@ -276,6 +277,22 @@ long tls_write(struct tls *t, const uint8_t *p, size_t n, size_t room)
         return 0;
     t->pending = 0;
     return ret < 0 ? TLS_FAILED : ret;
+}
+
+int tls_alpn_h2(const struct tls *t)
+{
+    const char *p = mbedtls_ssl_get_alpn_protocol(&t->ssl);
+    return p && strcmp(p, "h2") == 0;
+}
+
+void *tls_alloc(size_t n)
+{
+    return mbedtls_calloc(1, n);
+}
+
+void tls_release(void *p)
+{
+    mbedtls_free(p);
 }
 
 void tls_close_notify(struct tls *t)

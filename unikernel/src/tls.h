@@ -43,4 +43,11 @@ long tls_write(struct tls *t, const uint8_t *p, size_t n, size_t room);
 void tls_close_notify(struct tls *t);
 /* Still in the handshake (bounded by the head timeout, as the Python layer). */
 int tls_handshaking(const struct tls *t);
+/* Drive the handshake: 1 done, 0 waiting for lwIP, TLS_CLOSED or TLS_FAILED. */
+int tls_handshake(struct tls *t);
+/* After the handshake: whether ALPN chose "h2" (RFC 7301; RFC 9113 §3.2). */
+int tls_alpn_h2(const struct tls *t);
+/* Memory from the TLS heap (zeroed; NULL when full), for state TLS connections carry. */
+void *tls_alloc(size_t n);
+void tls_release(void *p);
 #endif

@@ -344,7 +344,7 @@ def encode(docs: list[Document], table: dict[bytes, tuple], not_found: Document,
 def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) -> None:
     """Run unikernel/build.sh: the kernel with the blob embedded, as one ELF for QEMU -kernel
     (with ``tls``, checked (cert, key) paths, one that also serves TLS on 443)."""
-    from . import policy_header  # here: it reads this module's layouts
+    from . import h2_tables, policy_header  # here: policy_header reads this module's layouts
     src = unikernel_dir()
     script = os.path.join(src, "build.sh")
     if not os.path.isfile(script):
@@ -358,6 +358,7 @@ def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) ->
     with open(os.path.join(objdir, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         policy_header.write(os.path.join(objdir, "gen"))  # the Makefile's $(GEN)
+        h2_tables.write(os.path.join(objdir, "gen"))
         try:
             r = subprocess.run([script, blob_path, image_path], capture_output=True, text=True,
                                env=env)
