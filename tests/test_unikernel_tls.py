@@ -34,6 +34,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
 from conftest import DEMO, MODES, ROOT, TEST_LIMITS, demo_file, orisha
 from tlsutil import make_pki
 from unikernel_target import build
@@ -544,6 +546,39 @@ def test_h2_attacks_get_the_python_layers_answer(vm, tls_pki, name):
     out = hostile(h2_connect(vm, tls_pki), make())
     assert goaway_code(out) == code
     assert time.monotonic() - started < 9
+
+
+@hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 255), st.integers(0, 12),
+                          st.binary(max_size=40)), max_size=30))
+def test_h2_any_frames_give_answers_or_a_goaway_never_a_crash(vm, tls_pki, frames):
+    """test_h2_attacks.py's property over a real TLS connection to the image: any frames
+    after the preface get frames of known types back, and the kernel lives on."""
+    from h2util import frame, read_frames
+    from test_h2_attacks import hostile
+    out = hostile(h2_connect(vm, tls_pki), b"".join(frame(t, f, s, p) for t, f, s, p in frames),
+                  timeout=10)
+    for t, _, _, _ in read_frames(out):
+        assert t in (0, 1, 3, 4, 6, 7, 8, 9)
+    assert vm.proc.poll() is None, "".join(vm.log)
+
+
+def test_h2_idle_connection_goes_away(vm, tls_pki):
+    """No new stream for --idle-timeout (3 s here): GOAWAY NO_ERROR, then the close."""
+    from h2util import goaway_code
+    s = h2_connect(vm, tls_pki)
+    from h2util import PREFACE, settings
+    s.sendall(PREFACE + settings())
+    s.settimeout(10)
+    out = b""
+    started = time.monotonic()
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except OSError:  # a reset after the close
+        pass
+    s.close()
+    assert goaway_code(out) == 0 and 2.5 < time.monotonic() - started < 9
 
 
 def test_h2_an_oversized_header_list_gets_431_and_the_connection_lives(vm, tls_pki):
