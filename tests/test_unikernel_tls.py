@@ -464,6 +464,44 @@ def test_sigterm_drains_a_slow_tls_download(tls_pki):
             vm.proc.wait()
 
 
+def test_sigterm_drains_an_h2_download_after_goaway(tls_pki):
+    """SIGTERM with an h2 download in flight: GOAWAY NO_ERROR, the stream still ends
+    whole, and ``orisha boot`` exits 0 (h2.py's graceful stop). Raw frames: the h2
+    library treats a GOAWAY as the end of everything."""
+    from hpack import Encoder
+    from h2util import DATA, GOAWAY, PREFACE, frame, settings
+    vm = TlsBoot(_boots_out(tls_pki))
+    try:
+        sock = h2_connect(vm, tls_pki)
+        block = Encoder().encode([(":method", "GET"), (":path", "/files/big.txt"),
+                                  (":scheme", "https"), (":authority", "localhost")])
+        sock.sendall(PREFACE + settings(initial_window_size=(1 << 31) - 1)
+                     + frame(8, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65535))
+                     + frame(1, 0x5, 1, block))
+        buf, body, ended, goaway = b"", b"", False, None
+        while not ended:
+            data = sock.recv(65536)
+            assert data, (len(body), goaway)
+            buf += data
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                n = int.from_bytes(buf[:3], "big")
+                ftype, flags, payload, buf = buf[3], buf[4], buf[9:9 + n], buf[9 + n:]
+                if ftype == DATA:
+                    if not body:
+                        vm.proc.send_signal(signal.SIGTERM)
+                    body += payload
+                    ended = bool(flags & 1)
+                elif ftype == GOAWAY:
+                    goaway = int.from_bytes(payload[4:8], "big")
+        sock.close()
+        assert body == demo_file("files/big.txt") and goaway == 0
+        assert vm.proc.wait(WAIT) == 0, "".join(vm.log)
+    finally:
+        if vm.proc.poll() is None:
+            vm.proc.kill()
+            vm.proc.wait()
+
+
 def _boots_out(pki) -> str:
     """The notfound TLS build's output folder (booted again by tests that stop their VM)."""
     _boot(pki, "notfound")
