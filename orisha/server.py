@@ -5,10 +5,10 @@ blob are shared by every worker after fork), opens one SO_REUSEPORT listener
 per worker, chooses the loop body once and hands all of it to the
 ``Supervisor`` (orisha/supervisor.py), which forks the workers — worker i
 serves listener i — and keeps them running through deaths, reloads and stops.
-The parent keeps the listeners open: when a worker dies, connections queued on
-its listener wait for the replacement instead of being refused. SIGTERM or
-SIGINT: workers stop accepting, finish what is in flight and exit; the parent
-exits 0 when they are gone.
+The parent keeps the listeners open until a stop: when a worker dies,
+connections queued on its listener wait for the replacement instead of being
+refused. SIGTERM or SIGINT: workers stop accepting (the port then refuses),
+finish what is in flight and exit; the parent exits 0 when they are gone.
 """
 
 from __future__ import annotations

@@ -179,8 +179,6 @@ class Supervisor:
             self._restart_due()
             self._escalate()
         self._settle_signals()
-        for s in self.socks:
-            s.close()
         return 0
 
     @staticmethod
@@ -333,12 +331,20 @@ class Supervisor:
         print(f"orisha: reloaded {self.name}: {site.summary}", file=sys.stderr)
 
     def _stop(self) -> None:
-        """SIGTERM/SIGINT: every worker stops accepting, finishes what it has, exits."""
+        """SIGTERM/SIGINT: every worker stops accepting, finishes what it has, exits.
+
+        The supervisor's copies of the listeners close now, not when the last worker has
+        drained: once each worker has closed its own (as it stops accepting), the port
+        refuses new connections at once instead of queueing them for nobody until the
+        grace is over and then resetting them.
+        """
         if not self.stopping:
             self.stopping = True
             self.due.clear()
             for pid in list(self.live):
                 self._tell_to_stop(pid)
+            for s in self.socks:
+                s.close()
 
     # -- admin port ----------------------------------------------------------------
     def status(self) -> Status:

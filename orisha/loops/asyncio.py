@@ -5,7 +5,10 @@ what it reads to the core and writes what the core returns. Backpressure in
 both directions uses the transport's own switches: reading is paused while the
 core wants no input, and writing stops at the transport's high-water mark
 (``pause_writing``), with large bodies fed in slices so a slow reader never
-makes the transport copy more than one slice beyond that mark.
+makes the transport copy more than one slice beyond that mark. The graceful
+stop follows ``base.py``; connections keep their once-a-second tick while the
+worker drains, so a client that keeps a finished connection open is let go after
+the core's linger, not held until the grace runs out.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ except ImportError:  # documented fallback: the stdlib loop, same behaviour, slo
 
 from ..blob import REGION_MIN, FileRegion, release as release_maps
 from ..core.connection import App
+from .base import ANSWERED, FRESH, LATE
 
 _SLICE = 256 * 1024
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("body", "conn", "t", "paused", "reading", "eof_sent", "region_done")
+    __slots__ = ("body", "conn", "t", "paused", "reading", "eof_sent", "region_done", "first")
 
     def __init__(self, body: "Loop") -> None:
         self.body = body
@@ -40,12 +44,19 @@ class _Protocol(asyncio.Protocol):
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.conn = self.body.app.connect(time.time(), peer[0] if peer else "-")
+        # Its first answer (base.py): an accept the event loop took just before the server
+        # closed may be handed over after the stop, and is late from the start.
+        self.first = LATE if self.body.stopped else FRESH
         self.body.protocols.add(self)
         self.flush(time.time())
 
     def data_received(self, data: bytes) -> None:
         now = time.time()
         self.conn.receive(data, now)
+        if self.first and self.conn.outgoing:  # its first response (see Loop._stop)
+            if self.first == LATE:
+                self.conn.shutdown(now)
+            self.first = ANSWERED
         self.flush(now)
 
     def eof_received(self) -> bool:
@@ -114,6 +125,7 @@ class Loop:
         self.listener = listener
         self.app = app
         self.protocols: set[_Protocol] = set()
+        self.stopped = False
 
     def run(self, stopping) -> None:
         if uvloop is not None:
@@ -125,20 +137,35 @@ class Loop:
         server = await loop.create_server(lambda: _Protocol(self), sock=self.listener, backlog=4096)
         while not stopping():
             await asyncio.sleep(1)
-            now = time.time()
-            self.app.tick(now)
-            release_maps()
-            for p in list(self.protocols):
-                p.conn.tick(now)
-                p.flush(now)
-        server.close()
+            self._tick(time.time())
         now = time.time()
-        deadline = now + self.app.limits.grace
-        for p in list(self.protocols):
-            p.conn.shutdown(now)
-            p.flush(now)
-        while self.protocols and time.time() < deadline:
-            await asyncio.sleep(0.05)
+        self._stop(server, now)
+        deadline, next_tick = now + self.app.limits.grace, now + 1
+        while self.protocols and now < deadline:
+            await asyncio.sleep(0.05)  # the worker exits as soon as its last connection has
+            now = time.time()
+            if now >= next_tick:  # timeouts still apply: the linger after a last response
+                next_tick = now + 1
+                self._tick(now)
         for p in list(self.protocols):
             p.t.abort()
         self.app.tick(time.time())  # last counters and log lines
+
+    def _tick(self, now: float) -> None:
+        self.app.tick(now)
+        release_maps()
+        for p in list(self.protocols):
+            p.conn.tick(now)
+            p.flush(now)
+
+    def _stop(self, server, now: float) -> None:
+        """Stop accepting, then shut down every connection but the late ones: those still
+        awaiting their first answer (base.py)."""
+        self.stopped = True
+        server.close()
+        for p in list(self.protocols):
+            if p.first:
+                p.first = LATE
+            else:
+                p.conn.shutdown(now)
+                p.flush(now)

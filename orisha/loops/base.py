@@ -25,6 +25,17 @@ the core's. For each accepted socket it follows this contract:
   orisha.blob.release()          about once a second (the blob's pages leave the worker's
                                  page tables; they stay in the page cache)
 
+The graceful stop, the same in every body: when ``stopping()`` is first seen True the
+loop stops accepting *before* it handles that turn's events, so a connection still
+queued stays on the listener — which the supervisor and the next generation share (a
+reload: they answer it) or which closes (a stop: the client is refused). Then every
+connection gets ``conn.shutdown(now)`` except one that has not had its first response
+yet (accepted, but its request is still on the way; or handed over by an accept that
+completed after the stop, as io_uring's multishot accept does): that one is *late*, and
+gets ``shutdown`` as soon as a receive leaves its first response in ``outgoing`` — its
+request is answered, never accepted and dropped (the head and idle timeouts and the
+grace bound the wait). A body keeps ticking while it drains.
+
 ``now`` is ``time.time()``. Errors on a socket (ECONNRESET, EPIPE…) end that
 connection only: the loop closes it and calls ``conn.close()``.
 
@@ -43,6 +54,10 @@ import socket
 from typing import Callable, Protocol
 
 from ..core.connection import App
+
+# A connection's first answer (the graceful stop above): FRESH from its accept until a
+# receive leaves a response outgoing, LATE when the stop comes before that, then ANSWERED.
+ANSWERED, FRESH, LATE = 0, 1, 2
 
 
 class LoopBody(Protocol):

@@ -21,6 +21,9 @@ from ..blob import FileRegion, release as release_maps
 cdef enum:
     READ = 1
     WRITE = 2
+    ANSWERED = 0          # _Conn.first: base.py's graceful stop
+    FRESH = 1
+    LATE = 2
     EVENTS = 512
     IOV_MAX = 64
     RECV = 65536
@@ -37,6 +40,7 @@ cdef inline double _now() noexcept nogil:
 cdef class _Conn:
     cdef object conn
     cdef int fd, watched
+    cdef int first                # its first answer: FRESH, LATE, ANSWERED (base.py)
     cdef bint may_shut
     cdef Py_ssize_t region_done   # bytes of the first FileRegion already sent (base.py)
 
@@ -81,6 +85,10 @@ cdef class Loop:
             if n < 0 and errno != EINTR:
                 raise OSError(errno, "epoll_wait")
             now = _now()
+            if accepting and stopping():  # before this turn's events (base.py: graceful stop)
+                accepting = False
+                deadline = now + self.app.limits.grace
+                self._stop(paused, now)
             for i in range(n if n > 0 else 0):
                 fd, ev = events[i].data.fd, events[i].events
                 if fd == self.lfd:
@@ -100,6 +108,10 @@ cdef class Loop:
                         self._close(c)  # ECONNRESET and friends end this connection only
                         continue
                     c.conn.receive(PyBytes_FromStringAndSize(_recv_buf, got), now)
+                    if c.first and c.conn.outgoing:  # its first response (see _stop)
+                        if c.first == LATE:
+                            c.conn.shutdown(now)
+                        c.first = ANSWERED
                 self._flush(c, now)
             if now >= next_tick:
                 next_tick = now + 1
@@ -111,20 +123,25 @@ cdef class Loop:
                 for c in list(conns.values()):
                     c.conn.tick(now)
                     self._flush(c, now)
-            if accepting and stopping():
-                accepting = False
-                if not paused:
-                    self._forget(self.lfd)
-                self.listener.close()
-                deadline = now + self.app.limits.grace
-                for c in list(conns.values()):
-                    c.conn.shutdown(now)
-                    self._flush(c, now)
             if deadline is not None and now > deadline:
                 for c in list(conns.values()):
                     self._close(c)
         self.app.tick(_now())  # last counters and log lines
         c_close(self.ep)
+
+    cdef _stop(self, bint paused, double now):
+        """Stop accepting (what is queued stays for the next generation, or is refused), then
+        shut down every connection but the late ones: those still awaiting their first answer."""
+        cdef _Conn c
+        if not paused:
+            self._forget(self.lfd)
+        self.listener.close()
+        for c in list(self.conns.values()):
+            if c.first:
+                c.first = LATE
+            else:
+                c.conn.shutdown(now)
+                self._flush(c, now)
 
     cdef bint _accept(self, double now) except -1:
         """Accept all pending connections; False when out of descriptors or memory."""
@@ -154,7 +171,7 @@ cdef class Loop:
                 text[0] = b"-"
                 text[1] = 0
             c = _Conn()
-            c.fd, c.watched, c.may_shut = fd, READ, True
+            c.fd, c.watched, c.may_shut, c.first = fd, READ, True, FRESH
             c.conn = self.app.connect(now, text.decode("ascii"))
             self.conns[fd] = c
             self._watch(fd, READ, False)

@@ -56,6 +56,11 @@ cdef enum:
     PIPE = 1 << 20        # bytes a connection's splice pipe is asked to hold
 
 cdef enum:
+    ANSWERED = 0          # _Conn.first: base.py's graceful stop
+    FRESH = 1
+    LATE = 2
+
+cdef enum:
     ACCEPT = 1
     RECV_OP = 2
     SEND = 3
@@ -80,7 +85,7 @@ cdef class _Conn:
     cdef long id
     cdef int fd
     cdef bint recv_armed, sending, closing, cancelled, shut, shutting
-    cdef bint late               # accepted after the stop: answer what it sent, then close
+    cdef int first               # its first answer: FRESH, LATE, ANSWERED (base.py)
     cdef object pending          # bytes read while the core wanted none (see Backpressure)
     cdef char *buf               # single-shot recv buffer when there is no buffer ring
     cdef object region           # the FileRegion being spliced, or None
@@ -229,7 +234,14 @@ cdef class Loop:
                     self._arm_recv(c)
                 return
             data, c.pending = c.pending, None
-            conn.receive(data, _now())
+            self._receive(c, data, _now())
+
+    cdef _receive(self, _Conn c, bytes data, double now):
+        c.conn.receive(data, now)
+        if c.first and c.conn.outgoing:  # its first response (see _stop)
+            if c.first == LATE:
+                c.conn.shutdown(now)
+            c.first = ANSWERED
 
     cdef _close(self, _Conn c):
         if c.recv_armed or c.sending:  # in-flight operations end first (ECANCELED)
@@ -305,7 +317,7 @@ cdef class Loop:
             peer = "-"
         s.detach()
         c = _Conn()
-        c.id, c.fd, c.late = self.next_id, fd, late
+        c.id, c.fd, c.first = self.next_id, fd, LATE if late else FRESH
         self.next_id += 1
         c.conn = self.app.connect(now, peer)
         self.conns[c.id] = c
@@ -323,20 +335,13 @@ cdef class Loop:
         self.stopped, self.paused, self.deadline = False, False, None
         next_tick = _now() + 1
         while True:
-            now = _now()
-            if not self.stopped and stopping():
-                self._stop(now)
-            if now >= next_tick:
-                next_tick = now + 1
-                self._tick(now)
-            if self.stopped and not self.conns and not self.accepting:
-                io_uring_submit(self.ring_obj)  # the queued closes run at submit
-                break
             try:
                 io_uring_submit_and_wait_timeout(self.ring_obj, cqe, 1, ts)
             except OSError:  # ETIME after 1 s, or EINTR (a signal): both just go round
                 pass
             now = _now()
+            if not self.stopped and stopping():  # before this turn's completions (base.py)
+                self._stop(now)
             while True:
                 e = orisha_peek_cqe(self.ring)
                 if e == NULL:
@@ -347,7 +352,12 @@ cdef class Loop:
                     self._accept_done(res, flags, now)
                 elif ud & 7 != IGNORE:
                     self._done(ud, res, flags, now)
-        self.listener.close()
+            if now >= next_tick:
+                next_tick = now + 1
+                self._tick(now)
+            if self.stopped and not self.conns and not self.accepting:
+                io_uring_submit(self.ring_obj)  # the queued closes run at submit
+                break
         self.app.tick(_now())  # last counters and log lines
         io_uring_queue_exit(self.ring_obj)
         free(self.slab)
@@ -357,14 +367,21 @@ cdef class Loop:
             self.br = NULL
 
     cdef _stop(self, double now):
-        """Stop accepting; every connection finishes what it is sending within the grace."""
+        """Stop accepting; every connection finishes what it is sending within the grace,
+        except the late ones, which first answer the request on its way (base.py)."""
         cdef _Conn c
         self.stopped, self.deadline = True, now + self.app.limits.grace
         if self.accepting:
             io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
+        # Our descriptor goes now (an armed accept holds the socket itself until cancelled):
+        # once the supervisor's is closed too, the port refuses instead of queueing for nobody.
+        self.listener.close()
         for c in list(self.conns.values()):
-            c.conn.shutdown(now)
-            self._service(c)
+            if c.first:
+                c.first = LATE
+            else:
+                c.conn.shutdown(now)
+                self._service(c)
 
     cdef _tick(self, double now):
         cdef _Conn c
@@ -384,8 +401,8 @@ cdef class Loop:
             self.accepting = False
         if res >= 0:
             # Multishot accept takes connections from the backlog eagerly, so some arrive
-            # after the stop: they are answered once (closing them would reset a client
-            # whose request the next generation would otherwise have served).
+            # after the stop: they are late (base.py), answered once (closing them would
+            # reset a client whose request the next generation would otherwise have served).
             self._accepted(res, now, self.stopped)
         elif -res in _EXHAUSTED:
             self.paused = True  # re-armed at the next tick: no spinning on EMFILE
@@ -454,9 +471,7 @@ cdef class Loop:
         if c.pending is not None:
             c.pending += data
         elif c.conn.wants_read:
-            c.conn.receive(data, now)
-            if c.late:
-                c.conn.shutdown(now)
+            self._receive(c, data, now)
             return
         else:
             c.pending = data

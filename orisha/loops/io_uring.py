@@ -25,6 +25,7 @@ import time
 import liburing as L
 
 from ..blob import FileRegion, release as release_maps
+from .base import ANSWERED, FRESH, LATE
 
 RECV = 16384
 IOV_MAX = 60
@@ -37,13 +38,13 @@ _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 class _Conn:
     __slots__ = ("id", "fd", "conn", "buf", "recv", "iov", "closing", "shut", "region", "done",
-                 "late")
+                 "first")
 
     def __init__(self, cid: int, fd: int, conn, buf: memoryview) -> None:
         self.id, self.fd, self.conn, self.buf = cid, fd, conn, buf
         self.recv, self.iov, self.closing, self.shut = False, None, False, False
         self.region, self.done = None, 0  # a FileRegion being written and its bytes written
-        self.late = False  # accepted after the stop: answer what it sent, then close
+        self.first = FRESH  # its first answer: FRESH, LATE, ANSWERED (base.py: graceful stop)
 
 
 class Loop:
@@ -114,7 +115,7 @@ class Loop:
             return [c.region.view[c.done:]]
         return bufs[:list(map(type, bufs)).index(FileRegion)]
 
-    def _accepted(self, fd: int, now: float, late: bool = False) -> None:
+    def _accepted(self, fd: int, now: float, late: bool) -> None:
         if not self.free:
             slab = memoryview(bytearray(SLAB * RECV))
             self.free += [slab[i * RECV:(i + 1) * RECV] for i in range(SLAB)]
@@ -126,7 +127,8 @@ class Loop:
             peer = "-"
         s.detach()
         c = self.conns[self.next_id] = _Conn(self.next_id, fd, self.app.connect(now, peer), self.free.pop())
-        c.late = late
+        if late:
+            c.first = LATE
         self.next_id += 1
         self._service(c)
 
@@ -137,20 +139,13 @@ class Loop:
         self.stopped, self.paused, self.deadline = False, False, None
         next_tick = time.time() + 1
         while True:
-            now = time.time()
-            if not self.stopped and stopping():
-                self._stop(now)
-            if now >= next_tick:
-                next_tick = now + 1
-                self._tick(now)
-            if self.stopped and not self.conns and not self.accepting:
-                L.io_uring_submit(ring)  # the queued closes run at submit
-                break
             try:
                 L.io_uring_submit_and_wait_timeout(ring, cqe, 1, ts)
             except OSError:  # the 1 s timeout or EINTR (the package's errno is unreliable here)
                 pass
             now = time.time()
+            if not self.stopped and stopping():  # before this turn's completions (base.py)
+                self._stop(now)
             while L.io_uring_peek_cqe(ring, cqe) == 0:
                 ud, res, flags = cqe.user_data, cqe.res, cqe.flags
                 L.io_uring_cqe_seen(ring, cqe)
@@ -158,18 +153,30 @@ class Loop:
                     self._accept_done(res, flags, now)
                 else:
                     self._done(ud, res, now)
-        self.listener.close()
+            if now >= next_tick:
+                next_tick = now + 1
+                self._tick(now)
+            if self.stopped and not self.conns and not self.accepting:
+                L.io_uring_submit(ring)  # the queued closes run at submit
+                break
         self.app.tick(time.time())  # last counters and log lines
         L.io_uring_queue_exit(ring)
 
     def _stop(self, now: float) -> None:
-        """Stop accepting; every connection finishes what it is sending within the grace."""
+        """Stop accepting; every connection finishes what it is sending within the grace,
+        except the late ones, which first answer the request on its way (base.py)."""
         self.stopped, self.deadline = True, now + self.app.limits.grace
         if self.accepting:
             L.io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
+        # Our descriptor goes now (an armed accept holds the socket itself until cancelled):
+        # once the supervisor's is closed too, the port refuses instead of queueing for nobody.
+        self.listener.close()
         for c in list(self.conns.values()):
-            c.conn.shutdown(now)
-            self._service(c)
+            if c.first:
+                c.first = LATE
+            else:
+                c.conn.shutdown(now)
+                self._service(c)
 
     def _tick(self, now: float) -> None:
         self.app.tick(now)
@@ -188,8 +195,8 @@ class Loop:
             self.accepting = False
         if res >= 0:
             # Multishot accept takes connections from the backlog eagerly, so some arrive
-            # after the stop: they are answered once (closing them would reset a client
-            # whose request the next generation would otherwise have served).
+            # after the stop: they are late (base.py), answered once (closing them would
+            # reset a client whose request the next generation would otherwise have served).
             self._accepted(res, now, self.stopped)
         elif -res in _EXHAUSTED:
             self.paused = True  # re-armed at the next tick: no spinning on EMFILE
@@ -210,8 +217,10 @@ class Loop:
             c.recv = False
             if res >= 0:
                 c.conn.receive(bytes(c.buf[:res]), now)
-                if c.late:
-                    c.conn.shutdown(now)
+                if c.first and c.conn.outgoing:  # its first response (see _stop)
+                    if c.first == LATE:
+                        c.conn.shutdown(now)
+                    c.first = ANSWERED
             elif res != -errno.ECANCELED:
                 c.closing = True  # ECONNRESET and friends end this connection only
         else:

@@ -12,7 +12,9 @@ CPython's ``selectors.BaseSelector``:
   _wait(timeout)        → [(fd, readable, writable)] ready within timeout seconds
 
 A connection is watched for reading while the core wants input and for
-writing while output is pending, never both: that is the backpressure.
+writing while output is pending, never both: that is the backpressure. The
+graceful stop follows ``base.py``: the stop flag is read before a turn's events,
+so a listener that is ready in that turn is not accepted from.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 
 from ..blob import FileRegion, release as release_maps
 from ..core.connection import App
+from .base import ANSWERED, FRESH, LATE
 
 READ, WRITE = 1, 2
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -40,7 +43,7 @@ class ReadinessLoop:
         self.lfd = listener.fileno()
         self.app = app
         self.conns: dict[int, list] = {}  # fd → [socket, connection, watched, may shut,
-        #                                         bytes of the first FileRegion already sent]
+        #                   bytes of the first FileRegion already sent, first answer (base.py)]
 
     # -- implemented by each platform -------------------------------------------
     def _watch(self, fd: int, want: int) -> None:
@@ -64,6 +67,10 @@ class ReadinessLoop:
         while conns or accepting:
             ready = self._wait(1.0)
             now = time.time()
+            if accepting and stopping():  # before this turn's events (base.py: graceful stop)
+                accepting = False
+                deadline = now + self.app.limits.grace
+                self._stop(paused, now)
             for fd, readable, _ in ready:  # writable or not, a flush is attempted below
                 if fd == lfd:
                     if accepting and not paused and not self._accept(now):
@@ -82,6 +89,10 @@ class ReadinessLoop:
                         self._close(fd)
                         continue
                     c[1].receive(data, now)
+                    if c[5] and c[1].outgoing:  # its first response (see _stop)
+                        if c[5] == LATE:
+                            c[1].shutdown(now)
+                        c[5] = ANSWERED
                 self._flush(fd, c, now)
             if now >= next_tick:
                 next_tick = now + 1
@@ -93,20 +104,24 @@ class ReadinessLoop:
                 for fd, c in list(conns.items()):
                     c[1].tick(now)
                     self._flush(fd, c, now)
-            if accepting and stopping():
-                accepting = False
-                if not paused:
-                    self._forget(lfd)
-                self.listener.close()
-                deadline = now + self.app.limits.grace
-                for fd, c in list(conns.items()):
-                    c[1].shutdown(now)
-                    self._flush(fd, c, now)
             if deadline is not None and now > deadline:
                 for fd in list(conns):
                     self._close(fd)
         self.app.tick(time.time())  # last counters and log lines
         self._done()
+
+    def _stop(self, paused: bool, now: float) -> None:
+        """Stop accepting (what is queued stays for the next generation, or is refused), then
+        shut down every connection but the late ones: those still awaiting their first answer."""
+        if not paused:
+            self._forget(self.lfd)
+        self.listener.close()
+        for fd, c in list(self.conns.items()):
+            if c[5]:
+                c[5] = LATE
+            else:
+                c[1].shutdown(now)
+                self._flush(fd, c, now)
 
     def _accept(self, now: float) -> bool:
         """Accept all pending connections; False when out of descriptors or memory."""
@@ -124,7 +139,7 @@ class ReadinessLoop:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             fd = sock.fileno()
-            c = self.conns[fd] = [sock, self.app.connect(now, addr[0]), READ, True, 0]
+            c = self.conns[fd] = [sock, self.app.connect(now, addr[0]), READ, True, 0, FRESH]
             self._watch(fd, READ)
             self._flush(fd, c, now)
 
