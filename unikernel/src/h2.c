@@ -378,19 +378,45 @@ static int lookup(struct h2 *h, uint32_t idx, const uint8_t **name, uint32_t *nl
     return 0;
 }
 
+/* A decoded field appended to list_buf (u16 name length, u16 value length, name,
+ * value); NULL past the list bound (an HPACK bomb) or the buffer. */
+static uint8_t *add_field(uint32_t *out, uint32_t *list, const uint8_t *name, uint32_t nlen,
+                          const uint8_t *value, uint32_t vlen)
+{
+    *list += nlen + vlen + 32; /* RFC 7541 §4.1's size, as hpack's max_header_list_size */
+    if (*list > 4 * core_limits.head || *out + 4 + nlen + vlen > LIST_CAP)
+        return NULL;
+    uint8_t *f = list_buf + *out;
+    f[0] = (uint8_t)nlen, f[1] = (uint8_t)(nlen >> 8), f[2] = (uint8_t)vlen, f[3] = (uint8_t)(vlen >> 8);
+    memcpy(f + 4, name, nlen);
+    memcpy(f + 4 + nlen, value, vlen);
+    *out += 4 + nlen + vlen;
+    return f;
+}
+
+/* The field at list_buf + *off, and *off past it. */
+static void next_field(long *off, const uint8_t **name, uint32_t *nlen, const uint8_t **value,
+                       uint32_t *vlen)
+{
+    const uint8_t *f = list_buf + *off;
+    *nlen = f[0] | (uint32_t)f[1] << 8, *vlen = f[2] | (uint32_t)f[3] << 8;
+    *name = f + 4, *value = f + 4 + *nlen;
+    *off += 4 + *nlen + *vlen;
+}
+
 /* Decode a header block into list_buf; returns its length in bytes, or -1 (the
  * connection's HPACK state is then lost: COMPRESSION_ERROR). */
 static long hpack_decode(struct h2 *h, const uint8_t *p, uint32_t n)
 {
     const uint8_t *end = p + n;
     uint32_t out = 0, list = 0, used = 0;
-    int fields = 0;
     while (p < end) {
         uint8_t b = *p;
         const uint8_t *name, *value;
         uint32_t nlen, vlen, idx;
+        int index = 0;
         if ((b & 0xe0) == 0x20) { /* §6.3 size update: only before the first field */
-            if (fields || dec_int(&p, end, 5, &idx) || idx > TABLE_CAP)
+            if (out || dec_int(&p, end, 5, &idx) || idx > TABLE_CAP)
                 return -1;
             h->table_max = idx;
             tshrink(h, idx);
@@ -399,42 +425,21 @@ static long hpack_decode(struct h2 *h, const uint8_t *p, uint32_t n)
         if (b & 0x80) { /* §6.1 indexed */
             if (dec_int(&p, end, 7, &idx) || lookup(h, idx, &name, &nlen, &value, &vlen))
                 return -1;
-        } else {
-            int index = (b & 0xc0) == 0x40;
-            if (dec_int(&p, end, index ? 6 : 4, &idx))
+        } else { /* §6.2 literals: with incremental indexing, without, never indexed */
+            index = (b & 0xc0) == 0x40;
+            const uint8_t *unused;
+            uint32_t unused_len;
+            if (dec_int(&p, end, index ? 6 : 4, &idx) ||
+                (idx ? lookup(h, idx, &name, &nlen, &unused, &unused_len)
+                     : dec_string(&p, end, &name, &nlen, &used)) ||
+                dec_string(&p, end, &value, &vlen, &used))
                 return -1;
-            if (idx) {
-                const uint8_t *v;
-                uint32_t vl;
-                if (lookup(h, idx, &name, &nlen, &v, &vl))
-                    return -1;
-            } else if (dec_string(&p, end, &name, &nlen, &used)) {
-                return -1;
-            }
-            if (dec_string(&p, end, &value, &vlen, &used))
-                return -1;
-            list += nlen + vlen + 32;
-            if (list > 4 * core_limits.head || out + 4 + nlen + vlen > LIST_CAP)
-                return -1; /* an HPACK bomb */
-            uint8_t *f = list_buf + out;
-            f[0] = (uint8_t)nlen, f[1] = (uint8_t)(nlen >> 8), f[2] = (uint8_t)vlen, f[3] = (uint8_t)(vlen >> 8);
-            memcpy(f + 4, name, nlen);
-            memcpy(f + 4 + nlen, value, vlen);
-            out += 4 + nlen + vlen;
-            fields++;
-            if (index) /* §6.2.1: from the copy, as eviction may reuse the name's bytes */
-                tinsert(h, f + 4, nlen, f + 4 + nlen, vlen);
-            continue;
         }
-        list += nlen + vlen + 32;
-        if (list > 4 * core_limits.head || out + 4 + nlen + vlen > LIST_CAP)
+        uint8_t *f = add_field(&out, &list, name, nlen, value, vlen);
+        if (!f)
             return -1;
-        uint8_t *f = list_buf + out;
-        f[0] = (uint8_t)nlen, f[1] = (uint8_t)(nlen >> 8), f[2] = (uint8_t)vlen, f[3] = (uint8_t)(vlen >> 8);
-        memcpy(f + 4, name, nlen);
-        memcpy(f + 4 + nlen, value, vlen);
-        out += 4 + nlen + vlen;
-        fields++;
+        if (index) /* §6.2.1: from the copy, as eviction may reuse the name's bytes */
+            tinsert(h, f + 4, nlen, f + 4 + nlen, vlen);
     }
     return (long)out;
 }
@@ -470,98 +475,109 @@ static int connection_field(const uint8_t *name, uint32_t nlen, const uint8_t *v
     return same(name, nlen, "te") && !same(value, vlen, "trailers");
 }
 
-/* The head into head_buf (its length); -1 for a malformed request (§8.1.1), -2
- * for one longer than any head the core takes. Field lines are written to the
- * buffer's second half first, then the request line just before them. */
-static long synthetic(long list_len)
+/* Bytes appended after a fixed start, within a room. */
+struct lines {
+    uint8_t *o;
+    uint32_t at, room;
+};
+
+static int emit(struct lines *w, const void *p, uint32_t n)
 {
-    const uint8_t *pseudo[4] = { 0 }; /* method, path, scheme, authority */
-    uint32_t plen[4] = { 0 };
+    if (w->at + n > w->room)
+        return -1;
+    memcpy(w->o + w->at, p, n);
+    w->at += n;
+    return 0;
+}
+
+struct request {
+    const uint8_t *pseudo[4];            /* :method, :path, :scheme, :authority */
+    uint32_t plen[4];
+    const uint8_t *host;
+    uint32_t host_len, cookies;
+};
+
+/* Pass over the list: pseudo-headers first (§8.3), every field valid (§8.2), the
+ * regular ones as "\r\nname: value" lines but Host and cookies. 0, -1 malformed,
+ * -2 too long. */
+static int request_fields(long list_len, struct request *r, struct lines *w)
+{
     static const char *const names[4] = { ":method", ":path", ":scheme", ":authority" };
-    const uint8_t *host = NULL;
-    uint32_t host_len = 0, cookies = 0;
     int regular = 0;
-    uint32_t at = 0;
-    uint8_t *o = head_buf + (sizeof head_buf) / 2;
-    const uint32_t room = (sizeof head_buf) / 2;
     for (long off = 0; off < list_len;) {
-        const uint8_t *f = list_buf + off;
-        uint32_t nlen = f[0] | (uint32_t)f[1] << 8, vlen = f[2] | (uint32_t)f[3] << 8;
-        const uint8_t *name = f + 4, *value = f + 4 + nlen;
-        off += 4 + nlen + vlen;
+        const uint8_t *name, *value;
+        uint32_t nlen, vlen;
+        next_field(&off, &name, &nlen, &value, &vlen);
         if (nlen && name[0] == ':') {
             int k = 0;
             while (k < 4 && !same(name, nlen, names[k]))
                 k++;
-            if (regular || k == 4 || pseudo[k])
+            if (regular || k == 4 || r->pseudo[k])
                 return -1; /* late, unknown, repeated or a response pseudo-header */
-            pseudo[k] = value, plen[k] = vlen;
+            r->pseudo[k] = value, r->plen[k] = vlen;
             continue;
         }
         regular = 1;
         if (!valid(name, nlen, value, vlen) || connection_field(name, nlen, value, vlen))
             return -1;
         if (same(name, nlen, "cookie")) {
-            cookies++;
-            continue; /* joined at the end (§8.2.3) */
-        }
-        if (same(name, nlen, "host")) {
-            host = value, host_len = vlen;
-            continue;
-        }
-        if (at + nlen + vlen + 4 > room)
+            r->cookies++; /* joined at the end (§8.2.3) */
+        } else if (same(name, nlen, "host")) {
+            r->host = value, r->host_len = vlen;
+        } else if (emit(w, "\r\n", 2) || emit(w, name, nlen) || emit(w, ": ", 2) ||
+                   emit(w, value, vlen)) {
             return -2;
-        memcpy(o + at, "\r\n", 2);
-        memcpy(o + at + 2, name, nlen);
-        memcpy(o + at + 2 + nlen, ": ", 2);
-        memcpy(o + at + 4 + nlen, value, vlen);
-        at += 4 + nlen + vlen;
-    }
-    if (!pseudo[0])
-        return -1;
-    if (same(pseudo[0], plen[0], "CONNECT")) {
-        if (pseudo[1] || pseudo[2] || !pseudo[3])
-            return -1; /* §8.5 */
-        pseudo[1] = pseudo[3], plen[1] = plen[3];
-    } else if (!pseudo[1] || !plen[1] || !pseudo[2]) {
-        return -1;
-    }
-    if (cookies) { /* "cookie: a; b" from the crumbs, in order */
-        if (at + 10 > room)
-            return -2;
-        memcpy(o + at, "\r\ncookie: ", 10);
-        at += 10;
-        uint32_t n = 0;
-        for (long off = 0; off < list_len;) {
-            const uint8_t *f = list_buf + off;
-            uint32_t nlen = f[0] | (uint32_t)f[1] << 8, vlen = f[2] | (uint32_t)f[3] << 8;
-            off += 4 + nlen + vlen;
-            if (!same(f + 4, nlen, "cookie"))
-                continue;
-            if (at + vlen + 2 > room)
-                return -2;
-            if (n++) {
-                memcpy(o + at, "; ", 2);
-                at += 2;
-            }
-            memcpy(o + at, f + 4 + nlen, vlen);
-            at += vlen;
         }
     }
-    const uint8_t *authority = pseudo[3] ? pseudo[3] : host;
-    uint32_t alen = pseudo[3] ? plen[3] : host_len;
-    uint32_t line = plen[0] + 1 + plen[1] + 9 + 8 + alen;
-    if (line > room)
+    return 0;
+}
+
+/* "cookie: a; b" from the crumbs, in order (§8.2.3). */
+static int cookie_line(long list_len, struct lines *w)
+{
+    if (emit(w, "\r\ncookie: ", 10))
         return -2;
-    uint8_t *w = o - line;
-    memcpy(w, pseudo[0], plen[0]);
-    w[plen[0]] = ' ';
-    memcpy(w + plen[0] + 1, pseudo[1], plen[1]);
-    memcpy(w + plen[0] + 1 + plen[1], " HTTP/1.1\r\nhost: ", 17);
-    if (alen)
-        memcpy(w + plen[0] + 18 + plen[1], authority, alen);
-    memmove(head_buf, w, line + at);
-    return (long)(line + at);
+    uint32_t n = 0;
+    for (long off = 0; off < list_len;) {
+        const uint8_t *name, *value;
+        uint32_t nlen, vlen;
+        next_field(&off, &name, &nlen, &value, &vlen);
+        if (same(name, nlen, "cookie") && ((n++ && emit(w, "; ", 2)) || emit(w, value, vlen)))
+            return -2;
+    }
+    return 0;
+}
+
+/* The head into head_buf (its length); -1 for a malformed request (§8.1.1), -2
+ * for one longer than any head the core takes. The field lines are written to
+ * the buffer's second half first, then the request line just before them. */
+static long synthetic(long list_len)
+{
+    struct request r = { 0 };
+    struct lines w = { head_buf + sizeof head_buf / 2, 0, sizeof head_buf / 2 };
+    int e = request_fields(list_len, &r, &w);
+    if (e)
+        return e;
+    if (!r.pseudo[0])
+        return -1;
+    if (same(r.pseudo[0], r.plen[0], "CONNECT")) {
+        if (r.pseudo[1] || r.pseudo[2] || !r.pseudo[3])
+            return -1; /* §8.5 */
+        r.pseudo[1] = r.pseudo[3], r.plen[1] = r.plen[3];
+    } else if (!r.pseudo[1] || !r.plen[1] || !r.pseudo[2]) {
+        return -1;
+    }
+    if (r.cookies && cookie_line(list_len, &w))
+        return -2;
+    const uint8_t *authority = r.pseudo[3] ? r.pseudo[3] : r.host;
+    uint32_t alen = r.pseudo[3] ? r.plen[3] : r.host_len;
+    struct lines line = { head_buf, 0, sizeof head_buf / 2 };
+    if (emit(&line, r.pseudo[0], r.plen[0]) || emit(&line, " ", 1) ||
+        emit(&line, r.pseudo[1], r.plen[1]) || emit(&line, " HTTP/1.1\r\nhost: ", 17) ||
+        (alen && emit(&line, authority, alen)))
+        return -2;
+    memmove(head_buf + line.at, w.o, w.at);
+    return (long)(line.at + w.at);
 }
 
 /* Queue a request's head. One over the head limit is queued as a stand-in the
@@ -752,6 +768,8 @@ static void window_update(struct h2 *h)
     }
 }
 
+static void frame_expect(struct h2 *h);
+
 /* The frame's header is in: checks that need no payload, and what to keep of it. */
 static void frame_start(struct h2 *h)
 {
@@ -761,18 +779,19 @@ static void frame_start(struct h2 *h)
     h->fpos = 0;
     h->set_len = 0;
     h->self_dep = 0;
-    if (h->flen > H2_FRAME_MAX) {
+    if (h->flen > H2_FRAME_MAX)
         fail(h, FRAME_SIZE_ERROR); /* §4.2 */
-        return;
-    }
-    if (!h->settings_seen && h->ftype != SETTINGS) {
+    else if (!h->settings_seen && h->ftype != SETTINGS)
         fail(h, PROTOCOL_ERROR); /* §3.4: the preface ends with SETTINGS */
-        return;
-    }
-    if (h->in_block && (h->ftype != CONTINUATION || h->fsid != h->block_sid)) {
+    else if (h->in_block && (h->ftype != CONTINUATION || h->fsid != h->block_sid))
         fail(h, PROTOCOL_ERROR); /* §6.10: nothing may interleave a header block */
-        return;
-    }
+    else
+        frame_expect(h);
+}
+
+/* Per type: the checks on the header alone, and `pre`, the payload bytes kept. */
+static void frame_expect(struct h2 *h)
+{
     switch (h->ftype) {
     case DATA:
         if ((h->recv_window -= h->flen) < 0) /* padding counts too (§6.9.1) */
@@ -1058,18 +1077,14 @@ static void add_seg(struct h2 *h, const uint8_t *p, uint32_t len)
     h->out.n++;
 }
 
-/* HEADERS (and CONTINUATION) for the current response, into obuf. */
-static void emit_headers(struct h2 *h)
+/* The header block of the head in resp_buf (status line, field lines), written at
+ * obuf + o: its end, or 0 when it does not fit. Names lowercased, connection
+ * fields dropped (hpack_blocks.block). */
+static uint32_t encode_head(struct h2 *h, long head, uint32_t o)
 {
-    long head = gather_head(h);
-    uint32_t start = h->olen + 9, o = start;
     uint8_t *b = h->obuf;
-    if (head < 12) {
-        reset(h, h->cur_sid, INTERNAL_ERROR);
-        return;
-    }
     o += enc_field(b + o, (const uint8_t *)":status", 7, resp_buf + 9, 3);
-    for (long at = 0; at < head;) { /* field lines after the status line */
+    for (long at = 0; at < head;) {
         const uint8_t *line = resp_buf + at, *eol = resp_buf + head;
         for (const uint8_t *q = line; q + 1 < resp_buf + head; q++)
             if (q[0] == '\r' && q[1] == '\n') {
@@ -1077,13 +1092,11 @@ static void emit_headers(struct h2 *h)
                 break;
             }
         at = eol - resp_buf + 2;
-        if (line == resp_buf)
-            continue;
         const uint8_t *colon = line;
         while (colon < eol && *colon != ':')
             colon++;
-        if (colon == eol)
-            continue;
+        if (line == resp_buf || colon == eol)
+            continue; /* the status line */
         uint8_t name[256];
         uint32_t nlen = 0;
         for (const uint8_t *q = line; q < colon && nlen < sizeof name; q++)
@@ -1096,27 +1109,31 @@ static void emit_headers(struct h2 *h)
             ve--;
         if (connection_field(name, nlen, (const uint8_t *)"trailers", 8))
             continue;
-        if (o + 16 + nlen + (uint32_t)(ve - v) > OBUF_CAP - 9 * 4) {
-            reset(h, h->cur_sid, INTERNAL_ERROR); /* a head beyond this batch's buffer */
-            return;
-        }
+        if (o + 16 + nlen + (uint32_t)(ve - v) > OBUF_CAP)
+            return 0;
         o += enc_field(b + o, name, nlen, v, (uint32_t)(ve - v));
     }
-    uint32_t len = o - start, step = h->max_frame, sid = h->cur_sid;
-    int end = body_left(h) == 0;
-    uint8_t flags = end ? F_END_STREAM : 0;
-    /* §6.10: a block longer than a frame goes on in CONTINUATION frames, whose
-     * headers follow the block in obuf */
-    put_frame(b + start - 9, len < step ? len : step, HEADERS,
-              (uint8_t)(flags | (len <= step ? F_END_HEADERS : 0)), sid);
-    add_seg(h, b + start - 9, 9 + (len < step ? len : step));
-    for (uint32_t at = step; at < len; at += step) {
-        uint32_t part = len - at < step ? len - at : step;
-        put_frame(b + o, part, CONTINUATION, at + step >= len ? F_END_HEADERS : 0, sid);
-        add_seg(h, b + o, 9);
-        add_seg(h, b + start + at, part);
-        o += 9;
+    return o;
+}
+
+/* The batch buffer is smaller than the smallest frame a peer may allow (§4.2), so a
+ * response's header block is always one HEADERS frame, never CONTINUATION. */
+_Static_assert(OBUF_CAP <= H2_FRAME_MAX, "a header block in one frame");
+
+/* HEADERS for the current response, into obuf. */
+static void emit_headers(struct h2 *h)
+{
+    long head = gather_head(h);
+    uint32_t start = h->olen + 9, sid = h->cur_sid;
+    uint32_t o = head >= 12 ? encode_head(h, head, start) : 0;
+    if (!o) { /* no head, or one beyond the batch buffer */
+        reset(h, sid, INTERNAL_ERROR);
+        return;
     }
+    int end = body_left(h) == 0;
+    put_frame(h->obuf + start - 9, o - start, HEADERS,
+              (uint8_t)(F_END_HEADERS | (end ? F_END_STREAM : 0)), sid);
+    add_seg(h, h->obuf + start - 9, 9 + o - start);
     h->olen = o;
     if (end) {
         h->cur_sid = 0;
