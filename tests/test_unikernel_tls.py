@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 from conftest import DEMO, MODES, ROOT, TEST_LIMITS, demo_file, orisha
-from tlsutil import make_pki
+from tlsutil import client_context, make_pki
 from unikernel_target import build
 
 from test_conformance import *  # noqa: F401,F403  (the suite, run again over TLS below)
@@ -200,17 +200,6 @@ def _reset(s: socket.socket) -> None:
     s.close()
 
 
-def client_ctx(ca: str, version: str | None = None, alpn=("http/1.1",)) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=ca)
-    if alpn:
-        ctx.set_alpn_protocols(list(alpn))
-    if version == "1.2":
-        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
-    elif version == "1.3":
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    return ctx
-
-
 @pytest.fixture(scope="module")
 def tls_pki(tmp_path_factory):
     return make_pki(str(tmp_path_factory.mktemp("pki")))
@@ -251,14 +240,14 @@ def loop():
 
 @pytest.fixture(scope="module")
 def port(vm, tls_pki):
-    relay = Relay(vm.port, client_ctx(tls_pki.ca))
+    relay = Relay(vm.port, client_context(tls_pki, ("http/1.1",)))
     yield relay.port
     relay.close()
 
 
 @pytest.fixture(scope="module")
 def spa_port(tls_pki):
-    relay = Relay(_boot(tls_pki, "spa").port, client_ctx(tls_pki.ca))
+    relay = Relay(_boot(tls_pki, "spa").port, client_context(tls_pki, ("http/1.1",)))
     yield relay.port
     relay.close()
 
@@ -294,11 +283,11 @@ def test_curl_gets_every_page_byte_identical(vm, tls_pki, tmp_path, version):
 def test_versions_and_alpn(vm, tls_pki, version):
     """ALPN: h2 when offered (RFC 9113 §3.2; over TLS 1.2 too: every 1.2 suite here is
     ECDHE with an AEAD, §9.2.2), else http/1.1."""
-    ctx = client_ctx(tls_pki.ca, version, alpn=("h2", "http/1.1"))
+    ctx = client_context(tls_pki, ("h2", "http/1.1"), version)
     with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
             ctx.wrap_socket(raw, server_hostname="localhost") as s:
         assert s.version() == f"TLSv{version}" and s.selected_alpn_protocol() == "h2"
-    ctx = client_ctx(tls_pki.ca, version, alpn=("http/1.1",))
+    ctx = client_context(tls_pki, ("http/1.1",), version)
     with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
             ctx.wrap_socket(raw, server_hostname="localhost") as s:
         assert s.version() == f"TLSv{version}"
@@ -378,7 +367,7 @@ def test_an_rsa_certificate_over_tls12_and_tls13(tls_pki, tmp_path):
 def test_a_session_on_every_connection_slot(vm, tls_pki):
     """127 TLS sessions open at once (the kernel's 128 PCBs, less the listener's share):
     the TLS heap holds them all, and each answers a request."""
-    ctx = client_ctx(tls_pki.ca)
+    ctx = client_context(tls_pki, ("http/1.1",))
     socks = []
     try:
         for _ in range(127):
@@ -425,7 +414,7 @@ def test_junk_on_the_tls_port_ends_in_a_close_and_the_kernel_serves_on(vm, tls_p
             except ConnectionResetError:  # a close with our bytes unread
                 pass
     assert vm.proc.poll() is None, "".join(vm.log)
-    ctx = client_ctx(tls_pki.ca)
+    ctx = client_context(tls_pki, ("http/1.1",))
     with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
             ctx.wrap_socket(raw, server_hostname="localhost") as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -437,7 +426,7 @@ def test_sigterm_drains_a_slow_tls_download(tls_pki):
     TLS, then close_notify and EOF, and the command exits 0 after ``drained``."""
     vm = TlsBoot(_boots_out(tls_pki))
     try:
-        ctx = client_ctx(tls_pki.ca)
+        ctx = client_context(tls_pki, ("http/1.1",))
         raw = socket.socket()
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)  # a slow reader's window
         raw.settimeout(WAIT)
@@ -513,7 +502,7 @@ def _boots_out(pki) -> str:
 def h2_connect(vm, pki) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s = client_ctx(pki.ca, alpn=("h2", "http/1.1")).wrap_socket(s, server_hostname="localhost")
+    s = client_context(pki).wrap_socket(s, server_hostname="localhost")
     assert s.selected_alpn_protocol() == "h2"
     return s
 

@@ -14,7 +14,6 @@ decodes bit by bit without a tree. ``image.link`` writes the header next to
 
 from __future__ import annotations
 
-import os
 import sys
 
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
@@ -24,6 +23,7 @@ from hpack.table import HeaderTable
 from ...protocols import h2 as py_h2
 from ...protocols.hpack_blocks import CONNECTION_FIELDS
 from ...errors import BuildError
+from .policy_header import write_header
 
 NAME = "h2tables.h"
 
@@ -95,23 +95,7 @@ def render() -> str:
 
 def write(outdir: str) -> str:
     """Write OUTDIR/h2tables.h when it changed (make rebuilds only what it must)."""
-    path = os.path.join(outdir, NAME)
-    text = render()
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return path
-    except FileNotFoundError:
-        pass
-    try:
-        os.makedirs(outdir, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise BuildError(f"{path}: cannot write the generated header ({e.strerror})") from None
-    return path
+    return write_header(outdir, NAME, render())
 
 
 def main(argv: list[str]) -> int:

@@ -178,8 +178,12 @@ def render() -> str:
 
 def write(outdir: str) -> str:
     """Write OUTDIR/policy.h (only when it changed, so make rebuilds only what it must)."""
-    path = os.path.join(outdir, NAME)
-    text = render()
+    return write_header(outdir, NAME, render())
+
+
+def write_header(outdir: str, name: str, text: str) -> str:
+    """Write a generated header OUTDIR/NAME when its text changed; never half-written."""
+    path = os.path.join(outdir, name)
     try:
         with open(path) as f:
             if f.read() == text:
