@@ -41,8 +41,8 @@ def wait_for(pred, timeout: float = 30.0, step: float = 0.05) -> bool:
 class SlowDownload(Conn):
     """``copies`` pipelined GETs of BIG read slowly in a thread; ``.check()`` asserts every byte."""
 
-    def __init__(self, port: int, copies: int = 4) -> None:
-        self.copies = copies
+    def __init__(self, port: int, copies: int = 4, keep_open: bool = False) -> None:
+        self.copies, self.keep_open = copies, keep_open
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
         self.sock.connect(("127.0.0.1", port))
@@ -74,7 +74,8 @@ class SlowDownload(Conn):
             self.started.set()
             # Like curl, close when done: a client that keeps an idle connection open
             # holds a retiring worker until the server's lingering close gives up.
-            self.sock.close()
+            if not self.keep_open:
+                self.sock.close()
 
     def check(self, timeout: float = 300) -> None:
         self.thread.join(timeout)
@@ -213,6 +214,23 @@ def test_any_signal_sequence_ends_in_a_clean_stop(own_build, loop):
     assert s.proc.poll() is None  # still finishing the download
     d.check()
     finish(s, os.path.dirname(out))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_keeps_its_connection_open_does_not_hold_the_stop(own_build, loop):
+    # After its last response the connection lingers (the core's LINGER, seconds) for the
+    # client's EOF; a body that stops ticking while it drains would hold it for the grace.
+    out, _ = own_build
+    s = Server(out, "--loop", loop, "--workers", "2", "--grace", "600")
+    d = SlowDownload(s.port, keep_open=True)
+    try:
+        assert d.started.wait(30)
+        s.proc.send_signal(signal.SIGTERM)
+        d.check()
+        assert s.proc.wait(120) == 0  # far below the grace: let go after the linger
+    finally:
+        d.sock.close()
+        finish(s, os.path.dirname(out))
 
 
 @pytest.mark.parametrize("loop", LOOPS)
