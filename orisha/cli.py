@@ -130,7 +130,9 @@ def _limit_options(f):
 @click.option("--not-found", metavar="FILE", help="When PATH is a site: 404 document.")
 @click.option("--access-log", metavar="PATH", help="Append a common-log-format access log to PATH ('-': stdout). Off by default.")
 @click.option("--admin-port", type=int, metavar="PORT",
-              help="Serve Prometheus counters at http://127.0.0.1:PORT/metrics. Off by default.")
+              help="Serve /healthz, /readyz and Prometheus /metrics on PORT. Off by default.")
+@click.option("--admin-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="Address of the admin port (0.0.0.0: where a kubelet or a load balancer probes).")
 @click.option("--tls-cert", metavar="FILE", help="PEM certificate (chain allowed): the port speaks "
               "TLS, HTTP/2 and HTTP/1.1 by ALPN. SIGHUP reads it again.")
 @click.option("--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")
@@ -138,7 +140,7 @@ def _limit_options(f):
               help="Oldest TLS version accepted.")
 @_limit_options
 def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port,
-          tls_cert, tls_key, tls_min, **limits) -> None:
+          admin_host, tls_cert, tls_key, tls_min, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     if not manifest.is_build(path):
         path = build_into_cache(path, fallback=fallback, not_found=not_found)
@@ -148,7 +150,7 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
-                 tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min))
+                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min))
 
 
 @main.command()

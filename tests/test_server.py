@@ -173,6 +173,24 @@ def test_slow_reader_memory_is_bounded_and_others_are_served(builds):
         s.stop()
 
 
+def test_admin_host(builds):
+    # Linux routes all of 127/8 to loopback: a second address stands in for a pod's own.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        admin = probe.getsockname()[1]
+    s = Server(builds["notfound"], "--workers", "1", "--admin-port", str(admin),
+               "--admin-host", "127.0.0.2")
+    try:
+        assert f"admin http://127.0.0.2:{admin}/metrics" in s.line
+        assert Conn(admin, host="127.0.0.2").request("/healthz").status == 200
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", admin), timeout=5)
+        r = orisha("health", f"http://127.0.0.2:{admin}/healthz", timeout=60)
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert s.stop() == 0
+
+
 def test_python_api(tmp_path):
     code = ("import orisha; site = orisha.static('site', root=%r, fallback='200.html'); "
             "orisha.serve(site, port=0, workers=1)" % DEMO)
