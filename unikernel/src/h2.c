@@ -472,7 +472,7 @@ static int connection_field(const uint8_t *name, uint32_t nlen, const uint8_t *v
     for (size_t i = 0; i < sizeof h2_connection_fields / sizeof h2_connection_fields[0]; i++)
         if (same(name, nlen, h2_connection_fields[i]))
             return 1;
-    return same(name, nlen, "te") && !same(value, vlen, "trailers");
+    return same(name, nlen, H2_TE) && !same(value, vlen, H2_TRAILERS);
 }
 
 /* Bytes appended after a fixed start, within a room. */
@@ -502,7 +502,6 @@ struct request {
  * -2 too long. */
 static int request_fields(long list_len, struct request *r, struct lines *w)
 {
-    static const char *const names[4] = { ":method", ":path", ":scheme", ":authority" };
     int regular = 0;
     for (long off = 0; off < list_len;) {
         const uint8_t *name, *value;
@@ -510,7 +509,7 @@ static int request_fields(long list_len, struct request *r, struct lines *w)
         next_field(&off, &name, &nlen, &value, &vlen);
         if (nlen && name[0] == ':') {
             int k = 0;
-            while (k < 4 && !same(name, nlen, names[k]))
+            while (k < 4 && !same(name, nlen, h2_pseudo[k]))
                 k++;
             if (regular || k == 4 || r->pseudo[k])
                 return -1; /* late, unknown, repeated or a response pseudo-header */
@@ -520,9 +519,9 @@ static int request_fields(long list_len, struct request *r, struct lines *w)
         regular = 1;
         if (!valid(name, nlen, value, vlen) || connection_field(name, nlen, value, vlen))
             return -1;
-        if (same(name, nlen, "cookie")) {
+        if (same(name, nlen, H2_COOKIE)) {
             r->cookies++; /* joined at the end (§8.2.3) */
-        } else if (same(name, nlen, "host")) {
+        } else if (same(name, nlen, policy_field_names[FIELD_HOST])) {
             r->host = value, r->host_len = vlen;
         } else if (emit(w, "\r\n", 2) || emit(w, name, nlen) || emit(w, ": ", 2) ||
                    emit(w, value, vlen)) {
@@ -535,14 +534,14 @@ static int request_fields(long list_len, struct request *r, struct lines *w)
 /* "cookie: a; b" from the crumbs, in order (§8.2.3). */
 static int cookie_line(long list_len, struct lines *w)
 {
-    if (emit(w, "\r\ncookie: ", 10))
+    if (emit(w, "\r\n", 2) || emit(w, H2_COOKIE, sizeof H2_COOKIE - 1) || emit(w, ": ", 2))
         return -2;
     uint32_t n = 0;
     for (long off = 0; off < list_len;) {
         const uint8_t *name, *value;
         uint32_t nlen, vlen;
         next_field(&off, &name, &nlen, &value, &vlen);
-        if (same(name, nlen, "cookie") && ((n++ && emit(w, "; ", 2)) || emit(w, value, vlen)))
+        if (same(name, nlen, H2_COOKIE) && ((n++ && emit(w, "; ", 2)) || emit(w, value, vlen)))
             return -2;
     }
     return 0;
@@ -560,7 +559,7 @@ static long synthetic(long list_len)
         return e;
     if (!r.pseudo[0])
         return -1;
-    if (same(r.pseudo[0], r.plen[0], "CONNECT")) {
+    if (same(r.pseudo[0], r.plen[0], H2_CONNECT)) {
         if (r.pseudo[1] || r.pseudo[2] || !r.pseudo[3])
             return -1; /* §8.5 */
         r.pseudo[1] = r.pseudo[3], r.plen[1] = r.plen[3];
@@ -573,7 +572,9 @@ static long synthetic(long list_len)
     uint32_t alen = r.pseudo[3] ? r.plen[3] : r.host_len;
     struct lines line = { head_buf, 0, sizeof head_buf / 2 };
     if (emit(&line, r.pseudo[0], r.plen[0]) || emit(&line, " ", 1) ||
-        emit(&line, r.pseudo[1], r.plen[1]) || emit(&line, " HTTP/1.1\r\nhost: ", 17) ||
+        emit(&line, r.pseudo[1], r.plen[1]) || emit(&line, " HTTP/1.1\r\n", 11) ||
+        emit(&line, policy_field_names[FIELD_HOST], (uint32_t)strlen(policy_field_names[FIELD_HOST])) ||
+        emit(&line, ": ", 2) ||
         (alen && emit(&line, authority, alen)))
         return -2;
     memmove(head_buf + line.at, w.o, w.at);
@@ -1107,7 +1108,7 @@ static uint32_t encode_head(struct h2 *h, long head, uint32_t o)
             v++;
         while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
             ve--;
-        if (connection_field(name, nlen, (const uint8_t *)"trailers", 8))
+        if (connection_field(name, nlen, (const uint8_t *)H2_TRAILERS, sizeof H2_TRAILERS - 1))
             continue;
         if (o + 16 + nlen + (uint32_t)(ve - v) > OBUF_CAP)
             return 0;

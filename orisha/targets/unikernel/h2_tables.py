@@ -20,6 +20,7 @@ from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
 
 # The Python layer's bounds are module constants there; read, never retyped.
+from ...core.policy import CONNECT
 from ...protocols import h2 as py_h2
 from ...protocols.hpack_blocks import CONNECTION_FIELDS
 from ...errors import BuildError
@@ -69,9 +70,22 @@ def _static() -> list[str]:
     ]
 
 
+# The names a request's header block is read by (RFC 9113 §8.3, §8.2.2, §8.2.3), as
+# h2.py's _synthetic_head reads them; Host comes from policy.h's field names.
+PSEUDO = (b":method", b":path", b":scheme", b":authority")
+COOKIE, TE, TRAILERS = b"cookie", b"te", b"trailers"
+
+
 def _bounds() -> list[str]:
     fields = sorted(CONNECTION_FIELDS)
     return [
+        "/* §8.3 pseudo-headers (in this order: method, path, scheme, authority), the",
+        " * method framed apart (§8.5), cookie crumbs (§8.2.3), TE's one value (§8.2.2). */",
+        f"static const char *const h2_pseudo[4] = {{ {', '.join(map(_c_string, PSEUDO))} }};",
+        f"#define H2_CONNECT {_c_string(CONNECT)}",
+        f"#define H2_COOKIE {_c_string(COOKIE)}",
+        f"#define H2_TE {_c_string(TE)}",
+        f"#define H2_TRAILERS {_c_string(TRAILERS)}",
         "/* orisha/protocols/h2.py: settings we send and abuse bounds. */",
         f"#define H2_MAX_STREAMS {py_h2.MAX_STREAMS}",
         f"#define H2_FRAME_MAX {py_h2.FRAME_MAX}",
