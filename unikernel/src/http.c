@@ -21,7 +21,9 @@
  *   same core, and responses are encrypted as lwIP takes them (small segments
  *   gathered so a small response is one record). A handshake must finish
  *   within the head timeout, as in the Python TLS layer; the last response is
- *   followed by a close_notify, then the linger below.
+ *   followed by a close_notify, then the linger below. When ALPN chose h2,
+ *   h2.c stands between the plaintext and the core (pump_h2 moves its frames
+ *   out and plaintext in); it decides when the connection ends.
  * - After the last response the connection lingers, as the Python core's
  *   (connection.py _finish): our side is shut (a FIN after the queued bytes)
  *   and input is read and dropped until the peer's FIN, at most
