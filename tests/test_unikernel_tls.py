@@ -182,6 +182,10 @@ class Relay:
                         chunk = tls.read(65536)
                     except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
                         break  # need more; or the guest's close_notify (its FIN follows)
+                    except ssl.SSLError:  # a record the client rejects: shown as a reset
+                        _reset(client)
+                        _reset(up)
+                        return
                     if not chunk:
                         break
                     plain += chunk
