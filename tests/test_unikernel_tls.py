@@ -561,6 +561,31 @@ def test_h2_with_a_tiny_window(vm, tls_pki):
         client.close()
 
 
+def test_h2_a_stalled_stream_does_not_hold_the_others(vm, tls_pki):
+    """Stream windows of 0 (SETTINGS), opened for stream 3 only: stream 3's page arrives
+    whole while stream 1's download waits with its HEADERS sent (DATA round robin)."""
+    from hpack import Encoder
+    from h2util import DATA, HEADERS, PREFACE, frame, read_frames, settings
+    enc = Encoder()
+    req = lambda sid, path: frame(HEADERS, 0x5, sid, enc.encode(  # noqa: E731
+        [(":method", "GET"), (":path", path), (":scheme", "https"), (":authority", "x")]))
+    s = h2_connect(vm, tls_pki)
+    s.sendall(PREFACE + settings(initial_window_size=0) + frame(8, 0, 0, struct.pack(">I", 1 << 20))
+              + req(1, "/files/big.txt") + req(3, "/css/site.css")
+              + frame(8, 0, 3, struct.pack(">I", 1 << 20)))
+    got, frames = b"", []
+    s.settimeout(10)
+    while not any(t == DATA and sid == 3 and flags & 1 for t, flags, sid, _ in frames):
+        chunk = s.recv(65536)
+        assert chunk, frames
+        got += chunk
+        frames = read_frames(got)
+    s.close()
+    assert {sid for t, _, sid, _ in frames if t == HEADERS} == {1, 3}
+    assert b"".join(p for t, _, sid, p in frames if t == DATA and sid == 3) == demo_file("css/site.css")
+    assert not [f for f in frames if f[0] == DATA and f[2] == 1]
+
+
 def _attacks():
     from test_h2_attacks import ATTACKS
     return sorted(ATTACKS)

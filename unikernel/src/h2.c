@@ -7,14 +7,17 @@
  * without indexing (no dynamic table, as hpack_blocks.py), its body DATA frames
  * that point into the image.
  *
- * One response is written at a time, in the order the requests came: the core
- * keeps one response per connection, and its per-response bytes (Date, a 206's
- * ranges) live there until the next. Requests that arrive meanwhile are decoded
- * at once (HPACK state is shared by the whole connection) and wait as heads in
- * a bounded queue; a request that does not fit gets REFUSED_STREAM (§8.7: safe
- * to retry). Input is parsed frame by frame as it arrives (never a whole frame
- * held, except a header block), and not at all while control frames wait to be
- * written, so floods cannot grow the output.
+ * Requests are decoded at once (HPACK state is shared by the whole connection)
+ * and wait as heads in a bounded queue (one that does not fit gets
+ * REFUSED_STREAM, §8.7: safe to retry). Each batch of output plans as many of
+ * them as fit, one at a time through the core, and sends their HEADERS; a body
+ * that is one span of the image (nearly every one) then goes on from a slot of
+ * its own, DATA round robin across the slots like h2.py's ready queue. A body
+ * of several pieces (multipart/byteranges) keeps per-response bytes in the
+ * core, so no other request is planned until it is sent. Input is parsed frame
+ * by frame as it arrives (never a whole frame held, except a header block),
+ * and not at all while control frames wait to be written, so floods cannot
+ * grow the output.
  *
  * The rules (§3.4 preface, §4.2 sizes, §5.1 stream states, §6 frames, §6.9 flow
  * control both ways, §8.2 field validity) and the abuse bounds (a budget of
@@ -62,6 +65,12 @@ struct qhead {                           /* a queued request, followed by its he
 
 struct tentry { uint16_t off, nlen, vlen; };
 
+struct slot {                            /* a response sending DATA from one span of the image */
+    const uint8_t *p;
+    int64_t window;
+    uint32_t sid, len, pos;
+};
+
 struct h2 {
     struct core_conn *core;
     uint64_t since, refilled;
@@ -85,7 +94,11 @@ struct h2 {
     /* flow control */
     int64_t window, initial, recv_window;
     uint32_t max_frame, recv_used;
-    /* the response being written */
+    /* responses whose body is one span of the image: DATA round robin */
+    struct slot slots[H2_MAX_STREAMS];
+    uint32_t n_slots, rr;
+    /* the response the core holds: being planned, or sending a body made of several
+     * pieces (multipart/byteranges), which the core keeps until the next request */
     uint32_t cur_sid;
     int64_t cur_window;
     uint8_t cur_state, bseg;
@@ -170,6 +183,25 @@ static int was_reset(struct h2 *h, uint32_t sid)
     return 0;
 }
 
+static struct slot *slot_of(struct h2 *h, uint32_t sid)
+{
+    for (uint32_t i = 0; i < h->n_slots; i++)
+        if (h->slots[i].sid == sid)
+            return &h->slots[i];
+    return NULL;
+}
+
+static void drop_slot(struct h2 *h, struct slot *s)
+{
+    *s = h->slots[--h->n_slots];
+}
+
+/* Streams being answered or waiting to be (the §5.1.2 count). */
+static uint32_t streams(const struct h2 *h)
+{
+    return h->q_n + h->n_slots + (h->cur_sid ? 1 : 0);
+}
+
 static struct qhead *queued(struct h2 *h, uint32_t sid)
 {
     for (uint32_t off = 0; off < h->q_len;) {
@@ -210,6 +242,7 @@ static void fail(struct h2 *h, uint32_t code)
     h->dead = 1;
     h->in_block = 0;
     h->q_len = h->q_n = 0;
+    h->n_slots = 0;
     h->cur_sid = 0;
     h->cur_state = R_NONE;
 }
@@ -223,6 +256,9 @@ static void reset(struct h2 *h, uint32_t sid, uint32_t code)
     struct qhead *q = queued(h, sid);
     if (q)
         unqueue(h, q);
+    struct slot *sl = slot_of(h, sid);
+    if (sl)
+        drop_slot(h, sl);
     if (h->cur_sid == sid) {
         h->cur_sid = 0;
         h->cur_state = R_NONE;
@@ -590,7 +626,7 @@ static int enqueue(struct h2 *h, uint32_t sid, long len)
     if (len < 0 || (uint64_t)len > core_limits.head)
         keep = whole = 0; /* start_next feeds the stand-in */
     uint32_t size = (uint32_t)((sizeof(struct qhead) + keep + 7) & ~7u);
-    if (h->q_n >= H2_MAX_STREAMS || h->q_len + size > QUEUE_CAP)
+    if (streams(h) >= H2_MAX_STREAMS || h->q_len + size > QUEUE_CAP)
         return 0;
     struct qhead *q = (struct qhead *)(h->queue + h->q_len);
     q->sid = sid;
@@ -728,6 +764,9 @@ static void apply_setting(struct h2 *h, const uint8_t *e)
         h->initial = value;
         if (h->cur_sid && (h->cur_window += delta) > H2_WINDOW_MAX)
             fail(h, FLOW_CONTROL_ERROR);
+        for (uint32_t i = 0; i < h->n_slots && !h->dead; i++)
+            if ((h->slots[i].window += delta) > H2_WINDOW_MAX)
+                fail(h, FLOW_CONTROL_ERROR);
         for (uint32_t off = 0; off < h->q_len && !h->dead;) {
             struct qhead *q = (struct qhead *)(h->queue + off);
             if ((q->window += delta) > H2_WINDOW_MAX)
@@ -753,17 +792,16 @@ static void window_update(struct h2 *h)
         }
         return;
     }
-    struct qhead *q = h->cur_sid == sid ? NULL : queued(h, sid);
-    if (h->cur_sid == sid || q) {
-        int64_t w = (q ? q->window : h->cur_window) + (int64_t)inc;
+    struct slot *sl = slot_of(h, sid);
+    struct qhead *q = sl || h->cur_sid == sid ? NULL : queued(h, sid);
+    int64_t *window = sl ? &sl->window : q ? &q->window : h->cur_sid == sid ? &h->cur_window : NULL;
+    if (window) {
         if (!inc)
             reset(h, sid, PROTOCOL_ERROR);
-        else if (w > H2_WINDOW_MAX)
+        else if (*window + (int64_t)inc > H2_WINDOW_MAX)
             reset(h, sid, FLOW_CONTROL_ERROR);
-        else if (q)
-            q->window = w;
         else
-            h->cur_window = w;
+            *window += inc;
     } else if (sid > h->last_id) {
         fail(h, PROTOCOL_ERROR); /* an idle stream */
     }
@@ -933,6 +971,9 @@ static void frame_end(struct h2 *h, uint64_t now)
             struct qhead *q = queued(h, h->fsid);
             if (q)
                 unqueue(h, q);
+            struct slot *sl = slot_of(h, h->fsid);
+            if (sl)
+                drop_slot(h, sl);
             if (h->cur_sid == h->fsid)
                 h->cur_sid = 0, h->cur_state = R_NONE;
         }
@@ -1121,64 +1162,130 @@ static uint32_t encode_head(struct h2 *h, long head, uint32_t o)
  * response's header block is always one HEADERS frame, never CONTINUATION. */
 _Static_assert(OBUF_CAP <= H2_FRAME_MAX, "a header block in one frame");
 
-/* HEADERS for the current response, into obuf. */
-static void emit_headers(struct h2 *h)
+/* HEADERS for the planned response, into obuf; 0 when it must wait for a batch of
+ * its own. A body that is one span of the image goes on from a slot, and the core
+ * is free for the next request; any other stays the core's (R_DATA). */
+static int emit_headers(struct h2 *h)
 {
     long head = gather_head(h);
     uint32_t start = h->olen + 9, sid = h->cur_sid;
     uint32_t o = head >= 12 ? encode_head(h, head, start) : 0;
-    if (!o) { /* no head, or one beyond the batch buffer */
-        reset(h, sid, INTERNAL_ERROR);
-        return;
+    if (!o) {
+        if (h->olen)
+            return 0; /* the batch is partly full: this head goes first in the next */
+        reset(h, sid, INTERNAL_ERROR); /* no head, or one beyond the batch buffer */
+        return 1;
     }
-    int end = body_left(h) == 0;
+    struct core_resp *r = &h->core->resp;
+    uint64_t left = body_left(h);
     put_frame(h->obuf + start - 9, o - start, HEADERS,
-              (uint8_t)(F_END_HEADERS | (end ? F_END_STREAM : 0)), sid);
+              (uint8_t)(F_END_HEADERS | (left ? 0 : F_END_STREAM)), sid);
     add_seg(h, h->obuf + start - 9, 9 + o - start);
     h->olen = o;
-    if (end) {
+    if (left && (r->n - h->bseg > 1 || r->seg[h->bseg].copy)) {
+        h->cur_state = R_DATA;
+        return 1;
+    }
+    if (left) {
+        struct slot *sl = &h->slots[h->n_slots++];
+        sl->sid = sid, sl->window = h->cur_window;
+        sl->p = r->seg[h->bseg].p + h->boff, sl->len = (uint32_t)left, sl->pos = 0;
+    }
+    h->cur_sid = 0;
+    h->cur_state = R_NONE;
+    if (!left)
+        ended(h, sid);
+    return 1;
+}
+
+/* The size of the next DATA frame of a stream with `left` bytes and `window`. */
+static uint32_t frame_size(const struct h2 *h, uint64_t left, int64_t window)
+{
+    if (window <= 0 || h->window <= 0)
+        return 0; /* a window a SETTINGS delta made negative stays shut until it is positive */
+    uint64_t n = left;
+    if (n > (uint64_t)h->window)
+        n = (uint64_t)h->window;
+    if (n > (uint64_t)window)
+        n = (uint64_t)window;
+    if (n > h->max_frame)
+        n = h->max_frame;
+    return (uint32_t)n;
+}
+
+static void put_data_header(struct h2 *h, uint32_t n, int end, uint32_t sid)
+{
+    put_frame(h->obuf + h->olen, n, DATA, end ? F_END_STREAM : 0, sid);
+    add_seg(h, h->obuf + h->olen, 9);
+    h->olen += 9;
+    h->window -= n;
+}
+
+/* One DATA frame of the core's response (R_DATA): its payload spans the core's pieces. */
+static uint32_t core_frame(struct h2 *h)
+{
+    struct core_resp *r = &h->core->resp;
+    uint64_t left = body_left(h);
+    uint32_t n = frame_size(h, left, h->cur_window);
+    if (!n || h->out.n + 1 + (r->n - h->bseg) > CORE_SEGS)
+        return 0;
+    uint32_t sid = h->cur_sid;
+    put_data_header(h, n, n == left, sid);
+    for (uint32_t k = n; k;) {
+        const struct core_seg *s = &r->seg[h->bseg];
+        uint32_t take = s->len - h->boff < k ? s->len - h->boff : k;
+        add_seg(h, s->p + h->boff, take);
+        k -= take;
+        if ((h->boff += take) == s->len)
+            h->bseg++, h->boff = 0;
+    }
+    h->cur_window -= n;
+    if (n == left) {
         h->cur_sid = 0;
         h->cur_state = R_NONE;
         ended(h, sid);
-    } else {
-        h->cur_state = R_DATA;
     }
+    return n;
 }
 
-/* DATA frames within both windows, the peer's frame size and this batch's room. */
+/* One DATA frame of a slot's response; the slot is freed with its last. */
+static uint32_t slot_frame(struct h2 *h, struct slot *sl)
+{
+    uint32_t n = frame_size(h, sl->len - sl->pos, sl->window);
+    if (!n || h->out.n + 2 > CORE_SEGS)
+        return 0;
+    uint32_t sid = sl->sid;
+    int end = sl->pos + n == sl->len;
+    put_data_header(h, n, end, sid);
+    add_seg(h, sl->p + sl->pos, n);
+    sl->pos += n;
+    sl->window -= n;
+    if (end) {
+        drop_slot(h, sl);
+        ended(h, sid);
+    }
+    return n;
+}
+
+/* DATA within both windows, the peer's frame size and this batch's room: a frame per
+ * stream per round, round robin from a point that moves each batch (h2.py's ready
+ * queue). */
 static void emit_data(struct h2 *h)
 {
-    struct core_resp *r = &h->core->resp;
     uint64_t batch = 0;
-    while (h->cur_state == R_DATA && h->window > 0 && h->cur_window > 0 && batch < OUT_HIGH &&
-           h->olen + 9 <= OBUF_CAP && h->out.n + 1 + (r->n - h->bseg) <= CORE_SEGS) {
-        uint64_t left = body_left(h), n = left;
-        if (n > (uint64_t)h->window)
-            n = (uint64_t)h->window;
-        if (n > (uint64_t)h->cur_window)
-            n = (uint64_t)h->cur_window;
-        if (n > h->max_frame)
-            n = h->max_frame;
-        int end = n == left;
-        put_frame(h->obuf + h->olen, (uint32_t)n, DATA, end ? F_END_STREAM : 0, h->cur_sid);
-        add_seg(h, h->obuf + h->olen, 9);
-        h->olen += 9;
-        for (uint64_t k = n; k;) { /* the payload: slices of the core's segments */
-            const struct core_seg *s = &r->seg[h->bseg];
-            uint32_t take = s->len - h->boff < k ? s->len - h->boff : (uint32_t)k;
-            add_seg(h, s->p + h->boff, take);
-            k -= take;
-            if ((h->boff += take) == s->len)
-                h->bseg++, h->boff = 0;
+    int moved = 1;
+    h->rr++;
+    while (moved && h->window > 0 && batch < OUT_HIGH && h->olen + 9 <= OBUF_CAP) {
+        moved = 0;
+        if (h->cur_state == R_DATA) {
+            uint32_t n = core_frame(h);
+            batch += n, moved |= n > 0;
         }
-        h->window -= (int64_t)n;
-        h->cur_window -= (int64_t)n;
-        batch += n;
-        if (end) {
-            uint32_t sid = h->cur_sid;
-            h->cur_sid = 0;
-            h->cur_state = R_NONE;
-            ended(h, sid);
+        for (uint32_t k = h->n_slots; k-- > 0 && h->window > 0 && h->olen + 9 <= OBUF_CAP;) {
+            uint32_t n = slot_frame(h, &h->slots[(h->rr + k) % h->n_slots]);
+            batch += n, moved |= n > 0;
+            if (!h->n_slots)
+                break;
         }
     }
 }
@@ -1215,28 +1322,33 @@ static void start_next(struct h2 *h, uint64_t now)
     }
 }
 
+static void emit_ctrl(struct h2 *h)
+{
+    memcpy(h->obuf + h->olen, h->ctrl, h->ctrl_len);
+    add_seg(h, h->obuf + h->olen, h->ctrl_len);
+    h->olen += h->ctrl_len;
+    h->ctrl_len = 0;
+}
+
+/* A batch: a head that waited first, then control frames, the heads of as many
+ * queued requests as fit (each planned by the core in turn), then DATA. */
 struct core_resp *h2_output(struct h2 *h, uint64_t now)
 {
     if (h->out.n)
         return &h->out;
     h->olen = 0;
-    if (h->ctrl_len) {
-        memcpy(h->obuf, h->ctrl, h->ctrl_len);
-        add_seg(h, h->obuf, h->ctrl_len);
-        h->olen = h->ctrl_len;
-        h->ctrl_len = 0;
-    }
-    if (!h->dead && !h->cur_sid && h->q_n)
-        start_next(h, now);
     if (h->cur_state == R_HEADERS)
         emit_headers(h);
-    if (h->cur_state == R_DATA)
-        emit_data(h);
+    if (h->ctrl_len)
+        emit_ctrl(h);
+    while (!h->dead && !h->cur_sid && h->q_n && h->out.n + 1 < CORE_SEGS) {
+        start_next(h, now);
+        if (h->cur_state == R_HEADERS && !emit_headers(h))
+            break;
+    }
+    emit_data(h);
     if (h->ctrl_len && h->olen + h->ctrl_len <= OBUF_CAP) { /* a reset made meanwhile */
-        memcpy(h->obuf + h->olen, h->ctrl, h->ctrl_len);
-        add_seg(h, h->obuf + h->olen, h->ctrl_len);
-        h->olen += h->ctrl_len;
-        h->ctrl_len = 0;
+        emit_ctrl(h);
     }
     return h->out.n ? &h->out : NULL;
 }
@@ -1259,6 +1371,7 @@ void h2_init(struct h2 *h, struct core_conn *core, uint64_t now, uint32_t open)
     h->max_frame = H2_FRAME_MAX;
     h->table_max = TABLE_CAP;
     h->q_len = h->q_n = h->ctrl_len = h->olen = 0;
+    h->n_slots = h->rr = 0;
     h->out.n = 0;
     uint8_t s[12] = { 0, 3, 0, 0, 0, H2_MAX_STREAMS, 0, 6 }; /* MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE */
     uint32_t head = (uint32_t)core_limits.head;
@@ -1281,7 +1394,7 @@ int h2_done(const struct h2 *h)
 {
     if (h->ctrl_len || h->out.n)
         return 0;
-    return h->dead || ((h->closing || h->eof) && !h->q_n && !h->cur_sid && !h->in_block);
+    return h->dead || ((h->closing || h->eof) && !streams(h) && !h->in_block);
 }
 
 int h2_tick(struct h2 *h, uint64_t now, int writing)
@@ -1296,7 +1409,7 @@ int h2_tick(struct h2 *h, uint64_t now, int writing)
     if (h->out.n || writing) {
         if (waited > core_limits.send_timeout)
             return 1; /* a reader that takes nothing is dropped */
-    } else if (h->cur_sid || h->q_n) { /* every window is zero and nothing moves (§10.5) */
+    } else if (streams(h)) { /* every window is zero and nothing moves (§10.5) */
         if (waited > core_limits.send_timeout)
             fail(h, ENHANCE_YOUR_CALM);
     } else if (h->fh_len || h->in_block) { /* a frame or block that never completes */
