@@ -680,6 +680,27 @@ def test_curl_and_nghttp_over_h2(vm, tls_pki, tmp_path):
         assert "/files/big.txt" in r.stdout and " 200 " in r.stdout
 
 
+def test_chromium_loads_pages_over_https(vm, tls_pki, tmp_path):
+    """Headless Chromium (ALPN h2 first, as every browser) loads demo pages with their
+    stylesheet, script and images from the image: nothing failed, no error."""
+    from browser import chromium, load_pages
+    if chromium() is None:
+        pytest.skip("no Chromium (apt-get install chromium; ./dev test does)")
+    spki = subprocess.run(
+        f"openssl x509 -in {tls_pki.cert} -pubkey -noout | openssl pkey -pubin -outform der"
+        " | openssl dgst -sha256 -binary | base64", shell=True, capture_output=True,
+        text=True, check=True).stdout.strip()
+    wrapper = tmp_path / "chromium"
+    wrapper.write_text(f"#!/bin/sh\nexec {chromium()} "
+                       f"--ignore-certificate-errors-spki-list={spki} \"$@\"\n")
+    wrapper.chmod(0o755)
+    base = f"https://localhost:{vm.port}"
+    results = load_pages([base + p for p in ("/", "/docs/", "/docs/guide/getting-started")],
+                         timeout=30, executable=str(wrapper))
+    for res in results:
+        assert res.ok, res.problems
+
+
 def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
     out = str(tmp_path / "out")
     r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
