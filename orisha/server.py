@@ -22,6 +22,7 @@ import sys
 from . import loops
 from .admin import METRICS_PATH
 from .core.policy import Limits
+from .loops.base import BACKLOG
 from .errors import LoopUnavailable, ServeError
 from .manifest import is_build
 from .supervisor import Supervisor
@@ -55,7 +56,7 @@ def listeners(host: str, port: int, count: int) -> list[socket.socket]:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             s.bind(addr)
-            s.listen(4096)
+            s.listen(BACKLOG)
             s.setblocking(False)
             addr = s.getsockname()  # port 0: the others join the port the first one got
     except OSError as e:

@@ -24,7 +24,7 @@ except ImportError:  # documented fallback: the stdlib loop, same behaviour, slo
 
 from ..blob import REGION_MIN, FileRegion, release as release_maps
 from ..core.connection import App
-from .base import ANSWERED, FRESH, LATE
+from .base import ANSWERED, BACKLOG, FRESH, LATE
 
 _SLICE = 256 * 1024
 
@@ -134,7 +134,7 @@ class Loop:
 
     async def _serve(self, stopping) -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _Protocol(self), sock=self.listener, backlog=4096)
+        server = await loop.create_server(lambda: _Protocol(self), sock=self.listener, backlog=BACKLOG)
         while not stopping():
             await asyncio.sleep(1)
             self._tick(time.time())

@@ -47,6 +47,7 @@ from liburing.time cimport timespec as Timespec
 import socket as _socket
 
 from ..blob import FileRegion, release as release_maps
+from .base import BACKLOG
 
 cdef enum:
     IOV_MAX = 64
@@ -373,9 +374,9 @@ cdef class Loop:
         self.stopped, self.deadline = True, now + self.app.limits.grace
         if self.accepting:
             io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
-        # Our descriptor goes now (an armed accept holds the socket itself until cancelled):
-        # once the supervisor's is closed too, the port refuses instead of queueing for nobody.
-        self.listener.close()
+        else:
+            self._last_accepts(now)  # our descriptor closes there: then, with the supervisor's
+        #                              closed too, the port refuses instead of queueing for nobody
         for c in list(self.conns.values()):
             if c.first:
                 c.first = LATE
@@ -408,8 +409,30 @@ cdef class Loop:
             self.paused = True  # re-armed at the next tick: no spinning on EMFILE
         elif res == -EINVAL and self.multishot_accept:
             self.multishot_accept = False  # a kernel before 5.19: single-shot accepts
-        if not self.accepting and not self.stopped and not self.paused and res != -ECANCELED:
+        if not self.accepting and self.stopped:
+            self._last_accepts(now)
+        elif not self.accepting and not self.paused and res != -ECANCELED:
             self._arm_accept()
+
+    cdef _last_accepts(self, double now):
+        """After the stop, once our accept has ended: take what is still queued (late), then
+        close our descriptor. io_uring arms an accept's poll with EPOLLEXCLUSIVE (its op table
+        marks IORING_OP_ACCEPT poll_exclusive), so a connection wakes one waiter only; when
+        that was our accept and the cancel ended it first, the next generation's accept on
+        the same listener is never woken and the connection would wait until another
+        arrives (seen as a hung client at one reload in twenty). At most a backlog's worth:
+        those queued before the cancel come first, and a flood cannot keep us here."""
+        for _ in range(BACKLOG if self.listener.fileno() >= 0 else 0):
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:  # nothing queued
+                break
+            except ConnectionAbortedError:  # the client gave up while queued
+                continue
+            except OSError:  # EMFILE and friends: what is left waits for the next wake-up
+                break
+            self._accepted(sock.detach(), now, True)
+        self.listener.close()
 
     cdef _done(self, uint64_t ud, int res, unsigned int flags, double now):
         """A recv, send or splice completed for connection ``ud >> 3``."""

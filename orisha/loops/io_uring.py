@@ -25,7 +25,7 @@ import time
 import liburing as L
 
 from ..blob import FileRegion, release as release_maps
-from .base import ANSWERED, FRESH, LATE
+from .base import ANSWERED, BACKLOG, FRESH, LATE
 
 RECV = 16384
 IOV_MAX = 60
@@ -168,9 +168,9 @@ class Loop:
         self.stopped, self.deadline = True, now + self.app.limits.grace
         if self.accepting:
             L.io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
-        # Our descriptor goes now (an armed accept holds the socket itself until cancelled):
-        # once the supervisor's is closed too, the port refuses instead of queueing for nobody.
-        self.listener.close()
+        else:
+            self._last_accepts(now)  # our descriptor closes there: then, with the supervisor's
+        #                              closed too, the port refuses instead of queueing for nobody
         for c in list(self.conns.values()):
             if c.first:
                 c.first = LATE
@@ -202,8 +202,30 @@ class Loop:
             self.paused = True  # re-armed at the next tick: no spinning on EMFILE
         elif res == -errno.EINVAL and self.multishot:
             self.multishot = False  # a kernel before 5.19: single-shot accepts
-        if not self.accepting and not self.stopped and not self.paused and res != -errno.ECANCELED:
+        if not self.accepting and self.stopped:
+            self._last_accepts(now)
+        elif not self.accepting and not self.paused and res != -errno.ECANCELED:
             self._arm_accept()
+
+    def _last_accepts(self, now: float) -> None:
+        """After the stop, once our accept has ended: take what is still queued (late), then
+        close our descriptor. io_uring arms an accept's poll with EPOLLEXCLUSIVE (its op table
+        marks IORING_OP_ACCEPT poll_exclusive), so a connection wakes one waiter only; when
+        that was our accept and the cancel ended it first, the next generation's accept on
+        the same listener is never woken and the connection would wait until another
+        arrives (seen as a hung client at one reload in twenty). At most a backlog's worth:
+        those queued before the cancel come first, and a flood cannot keep us here."""
+        for _ in range(BACKLOG if self.listener.fileno() >= 0 else 0):
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:  # nothing queued
+                break
+            except ConnectionAbortedError:  # the client gave up while queued
+                continue
+            except OSError:  # EMFILE and friends: what is left waits for the next wake-up
+                break
+            self._accepted(sock.detach(), now, True)
+        self.listener.close()
 
     def _done(self, ud: int, res: int, now: float) -> None:
         """A recv or writev completed for connection ``ud >> 3``."""
