@@ -512,41 +512,18 @@ def h2_connect(vm, pki) -> socket.socket:
 
 
 def test_h2_answers_equal_the_plain_ports_http11_answers(vm, tls_pki):
-    """Every case of tests/test_h2.py (negotiation, ranges and multipart, redirects,
-    304, HEAD, 404, 405, 400): over h2 the same status, fields and body as HTTP/1.1
-    on the image's port 80, Date and Connection aside."""
-    from h2util import H2Client
-    from test_h2 import CASES, http11
-    client = H2Client(h2_connect(vm, tls_pki))
-    try:
-        etag = client.get("/").h("etag")
-        cases = CASES + [("GET", "/", {"if-none-match": etag}),
-                         ("HEAD", "/files/big.txt", {"range": "bytes=0-0"})]
-        got = client.fetch(cases)
-    finally:
-        client.close()
-    for (method, path, headers), r in zip(cases, got):
-        status, hs, body = http11(vm.http_port, method, path, headers)
-        for h in ("date", "connection"):
-            hs.pop(h, None)
-            r.headers.pop(h, None)
-        assert (r.status, r.headers, r.body) == (status, hs, body), (method, path, headers)
+    """tests/test_h2.py's cases (negotiation, ranges and multipart, redirects, 304, HEAD,
+    404, 405, 400) over h2 on the TLS port: each the same status, fields and body as
+    HTTP/1.1 on the image's port 80, Date and Connection aside. test_h2.py's own test,
+    with the image's ports for its TLS and cleartext ones."""
+    from test_h2 import test_h2_answers_equal_http11_on_every_loop as same_answers
+    same_answers("tls", vm.port, vm.http_port, tls_pki)
 
 
 def test_h2_many_concurrent_streams_on_one_connection(vm, tls_pki):
-    from h2util import H2Client
-    client = H2Client(h2_connect(vm, tls_pki))
-    try:
-        paths = ["/", "/css/site.css", "/nope", "/docs/", "/img/pixel.png"] * 20
-        paths[3] = "/files/big.txt"
-        for _ in range(3):  # 300 streams, 100 at a time (the advertised limit)
-            got = client.fetch([("GET", p, {}) for p in paths])
-            assert all(r.reset is None for r in got)
-            assert [r.status for r in got] == [200, 200, 404, 200, 200] * 20
-            assert got[3].body == demo_file("files/big.txt")
-            assert got[8].body == demo_file("docs/index.html")
-    finally:
-        client.close()
+    """300 streams, 100 at a time (the advertised limit): test_h2.py's own test."""
+    from test_h2 import test_many_concurrent_streams_on_one_connection as many_streams
+    many_streams("tls", vm.port, None, tls_pki)
 
 
 def test_h2_with_a_tiny_window(vm, tls_pki):
