@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
+from .outgoing import consume
 from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, LINGER, REASONS, SAFE_METHODS,
                      STATS_SLOTS, Limits, Stat)
 from .request import HttpError, cannot_begin, parse_head
@@ -201,19 +202,11 @@ class Connection:
 
     def sent(self, n: int, now: float) -> None:
         self.since = now
-        if n >= self.out_bytes:
+        if n >= self.out_bytes:  # the common case, inline: everything was written
             self.out.clear()
             self.out_bytes = 0
         else:
-            self.out_bytes -= n
-            out = self.out
-            while n:
-                size = len(out[0])
-                if n < size:
-                    out[0] = memoryview(out[0])[n:]
-                    break
-                n -= size
-                del out[0]
+            self.out_bytes = consume(self.out, self.out_bytes, n)
         if not self.out:
             if self.close_after:
                 self._finish(now)

@@ -47,9 +47,9 @@ from hpack import Decoder, HPACKError
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
-from ..core.policy import CONNECT, Stat
+from ..core.policy import CONNECT, LINGER, Stat
 from .hpack_blocks import CONNECTION_FIELDS, Blocks, date_field
-from .outgoing import consume
+from ..core.outgoing import consume
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4
 
@@ -75,7 +75,6 @@ _OUT_FRAMES = 512            # buffers queued before input parsing waits (backpr
 _BLOCK_FRAMES = 32           # HEADERS + CONTINUATION frames one header block may take
 _CALM_MAX = 400              # work-without-response frames a connection may send in a burst…
 _CALM_PER_SECOND = 100       # …and per second after it
-_LINGER = 2.0                # seconds a finished connection drains input for the peer's EOF
 _MEMO_MAX = 256              # header blocks memoised per connection (see ``_decode``)
 _BAD_NAME = re.compile(rb"[\x00-\x20A-Z:\x7f-\xff]")     # §8.2.1 (":" only as the pseudo prefix)
 _BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
@@ -192,7 +191,7 @@ class H2Connection:
         limits = self.app.limits
         waited = now - self.since
         if self.shut_write:
-            if waited > _LINGER:
+            if waited > LINGER:
                 self.should_close = True
         elif self.out:
             if waited > limits.send_timeout:

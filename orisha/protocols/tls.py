@@ -40,11 +40,11 @@ from ..blob import FileRegion
 from ..core.connection import Tail
 from ..errors import ServeError
 from .front import Sniffing, to_h2
-from .outgoing import consume
+from ..core.outgoing import consume
+from ..core.policy import LINGER
 
 _CHUNK = 64 * 1024     # plaintext per SSLObject.write (OpenSSL cuts it into 16 KiB records)
 _HIGH = 256 * 1024     # ciphertext queued ahead of the socket
-_LINGER = 2.0          # as the core: seconds a finished connection drains input
 _PLAIN_400 = b"The plain HTTP request was sent to HTTPS port\n"  # nginx's words
 ALPN = ("h2", "http/1.1")
 # RFC 9113 §9.2.2: HTTP/2 over TLS 1.2 needs ephemeral key exchange and an AEAD cipher.
@@ -177,7 +177,7 @@ class TlsConnection:
             if now - self.began > limits.head_timeout:  # a slow or silent handshake
                 self.should_close = True
         elif self.state == self.PLAIN:
-            if now - self.since > (limits.send_timeout if self.cipher else _LINGER):
+            if now - self.since > (limits.send_timeout if self.cipher else LINGER):
                 self.should_close = True
         else:
             if self.rbio.pending and now - self.since > limits.head_timeout:

@@ -1,10 +1,10 @@
-"""The ``outgoing`` bookkeeping of the loop-body contract, for the protocol layers.
+"""The ``outgoing`` bookkeeping of the loop-body contract.
 
 Strategy: a loop body writes the front of ``outgoing`` and reports how many
 bytes went out with ``sent(n)``; the connection then drops those bytes — whole
 buffers, and the written part of a partly written one as a memoryview (no
-copy). ``Connection.sent`` in the core does the same inline (it is the HTTP/1.1
-hot path); the TLS and HTTP/2 layers share this function.
+copy). The HTTP/1.1 connection (which checks the common case, everything
+written, inline) and the TLS and HTTP/2 layers share this function.
 """
 
 from __future__ import annotations
