@@ -217,7 +217,7 @@ class Loop:
         those queued before the cancel come first, and a flood cannot keep us here."""
         for _ in range(BACKLOG if self.listener.fileno() >= 0 else 0):
             try:
-                sock, _ = self.listener.accept()
+                sock = self.listener.accept()[0]
             except BlockingIOError:  # nothing queued
                 break
             except ConnectionAbortedError:  # the client gave up while queued
