@@ -128,10 +128,12 @@ class Relay:
         lock = threading.Lock()
         down = threading.Thread(target=self._down, args=(tls, inc, lock, up, client), daemon=True)
         down.start()
-        self._up(tls, out, lock, client, up)
-        down.join()
-        client.close()
-        up.close()
+        try:
+            self._up(tls, out, lock, client, up)
+            down.join()
+        finally:  # whatever happened, the test's socket ends (never a silent hang)
+            client.close()
+            up.close()
 
     @staticmethod
     def _up(tls, out, lock, client: socket.socket, up: socket.socket) -> None:
@@ -144,7 +146,10 @@ class Relay:
                 return
             with lock:
                 if data:
-                    tls.write(data)
+                    try:
+                        tls.write(data)
+                    except ssl.SSLError:  # the guest ended the session: the rest is dropped,
+                        return            # and its FIN ends the other direction
                 else:
                     try:
                         tls.unwrap()  # close_notify; the guest's own is not awaited
