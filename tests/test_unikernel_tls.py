@@ -57,12 +57,13 @@ class TlsBoot:
     """``orisha boot OUT --port 0 --http-port 0`` of a TLS build: ``port`` (https) and
     ``http_port`` from its serving line, the serial log kept."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, *limits: str) -> None:
         self.out = out
         self.log: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orisha.cli", "boot", out, "--port", "0", "--http-port", "0",
-             *TEST_LIMITS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             *TEST_LIMITS, *limits], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT)
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
         self.line = self.proc.stdout.readline()
         m = re.search(r"https://127\.0\.0\.1:(\d+)/ and http://127\.0\.0\.1:(\d+)/", self.line)
@@ -497,6 +498,39 @@ def test_sigterm_drains_an_h2_download_after_goaway(tls_pki):
         if vm.proc.poll() is None:
             vm.proc.kill()
             vm.proc.wait()
+
+
+def test_over_the_connection_limit_tls_answers_503_and_h2_goes_away(tls_pki):
+    """--max-connections 1 with one connection held: HTTPS/1.1 gets HTTP/1.1's 503; an
+    h2 connection gets a 503 per stream and GOAWAY NO_ERROR (h2.py's refusal)."""
+    from hpack import Decoder, Encoder
+    from h2util import HEADERS, PREFACE, frame, goaway_code, read_frames, settings
+    vm = TlsBoot(_boots_out(tls_pki), "--max-connections", "1")
+    try:
+        held = socket.create_connection(("127.0.0.1", vm.http_port), timeout=WAIT)
+        held.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held.recv(12) == b"HTTP/1.1 200"
+        ctx = client_context(tls_pki, ("http/1.1",))
+        with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
+                ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(12) == b"HTTP/1.1 503"
+        s = h2_connect(vm, tls_pki)
+        block = Encoder().encode([(":method", "GET"), (":path", "/"), (":scheme", "https"),
+                                  (":authority", "x")])
+        s.sendall(PREFACE + settings() + frame(HEADERS, 0x5, 1, block))
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except OSError:  # a reset after the close
+            pass
+        heads = [p for t, _, _, p in read_frames(out) if t == HEADERS]
+        assert dict(Decoder().decode(heads[0]))[":status"] == "503"
+        assert goaway_code(out) == 0
+        held.close()
+    finally:
+        vm.stop()
 
 
 def _boots_out(pki) -> str:
