@@ -131,3 +131,38 @@ def test_unreadable_link_target_is_skipped_with_a_warning(tmp_path):
     os.symlink(secret, site / "secret.txt")
     r = orisha("build", str(site), "-o", str(tmp_path / "o"))
     assert r.returncode == 0 and "secret.txt is not readable, skipped" in r.stderr
+
+
+# -- the same tree from the container and the booted image ------------------------------------
+
+@pytest.fixture(scope="module", params=["container", "unikernel"])
+def packaged(request):
+    """The docs served by the FROM-scratch container or the booted unikernel image: a port
+    and the build whose Python module holds the expected responses."""
+    if request.param == "container":
+        import container_target
+        out, tag = container_target.build(DOCS, [])
+        served = container_target.Container(tag, ["--workers", "2"])
+        try:
+            yield served.port, out
+        finally:
+            served.stop(check=False)
+            served.kill()
+    else:
+        import unikernel_target
+        served = unikernel_target.boot(DOCS, [], [])
+        try:
+            yield served.port, os.path.join(served.tmp, "out")
+        finally:
+            served.stop()
+
+
+@needs_docs
+@needs_browser
+def test_docs_from_the_container_and_the_image(packaged):
+    port, out = packaged
+    check_every_file(port, load_site(out), DOCS)
+    results = load_pages([f"http://127.0.0.1:{port}/{p}" for p in PAGES], timeout=30,
+                         same_origin=True)
+    assert [r.url.rsplit("/", 1)[1] for r in results if r.loaded] == PAGES
+    assert [p for r in results for p in r.problems] == []
