@@ -31,6 +31,7 @@
 #include "h2.h"
 #include "h2tables.h"
 #include "platform.h"
+#include "tls.h"
 
 enum { DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY,
        WINDOW_UPDATE, CONTINUATION };
@@ -44,6 +45,12 @@ enum { R_NONE, R_HEADERS, R_DATA };                /* the response being written
 #define BLOCK_CAP (2 * CORE_HEAD_MAX)    /* a header block: twice the head limit (h2.py) */
 #define LIST_CAP (4 * CORE_HEAD_MAX)     /* a decoded field list (hpack's max_header_list_size) */
 #define QUEUE_CAP (2 * CORE_HEAD_MAX)  /* heads of requests waiting: the longest, and more */
+/* A header block and the queue start in small buffers of the connection and move to
+ * full-size ones from the TLS heap only when they outgrow them (a long header list,
+ * many requests at once), which are given back when the block ends or the queue
+ * empties: most connections never need them. */
+#define BLOCK_SMALL 1024
+#define QUEUE_SMALL 2048
 #define CTRL_CAP 1024                    /* control frames waiting to be written */
 #define CTRL_ROOM 128                    /* input waits below this much room in ctrl */
 #define OBUF_CAP 8192                    /* one batch: control frames, a HEADERS block, DATA headers */
@@ -109,12 +116,13 @@ struct h2 {
     struct tentry tent[TABLE_ENTRIES];
     uint8_t table[TABLE_CAP];
     /* queues */
-    uint32_t q_len, q_n, ctrl_len, olen;
-    uint8_t queue[QUEUE_CAP] __attribute__((aligned(8)));
+    uint32_t q_len, q_n, ctrl_len, olen, q_cap, block_cap;
+    uint8_t *queue, *block;              /* the small buffers below, or QUEUE_CAP/BLOCK_CAP */
     uint8_t ctrl[CTRL_CAP];
     struct core_resp out;
     uint8_t obuf[OBUF_CAP];
-    uint8_t block[BLOCK_CAP];
+    uint8_t queue_small[QUEUE_SMALL] __attribute__((aligned(8)));
+    uint8_t block_small[BLOCK_SMALL];
 };
 
 /* Scratch shared by every connection: used within one call only. */
@@ -183,6 +191,32 @@ static int was_reset(struct h2 *h, uint32_t sid)
     return 0;
 }
 
+/* Move `*buf` (used bytes, in a small buffer) to a `cap`-byte one from the TLS heap;
+ * 0 when the heap is full. */
+static int grow(uint8_t **buf, uint32_t *buf_cap, uint32_t used, uint32_t cap)
+{
+    uint8_t *big = tls_alloc(cap);
+    if (!big)
+        return 0;
+    memcpy(big, *buf, used);
+    *buf = big, *buf_cap = cap;
+    return 1;
+}
+
+static void block_small(struct h2 *h)
+{
+    if (h->block != h->block_small)
+        tls_release(h->block);
+    h->block = h->block_small, h->block_cap = BLOCK_SMALL;
+}
+
+static void queue_small(struct h2 *h)
+{
+    if (h->queue != h->queue_small)
+        tls_release(h->queue);
+    h->queue = h->queue_small, h->q_cap = QUEUE_SMALL;
+}
+
 static struct slot *slot_of(struct h2 *h, uint32_t sid)
 {
     for (uint32_t i = 0; i < h->n_slots; i++)
@@ -220,6 +254,8 @@ static void unqueue(struct h2 *h, struct qhead *q)
     memmove(h->queue + off, h->queue + off + size, h->q_len - off - size);
     h->q_len -= size;
     h->q_n--;
+    if (!h->q_n)
+        queue_small(h);
 }
 
 static void go_away(struct h2 *h, uint32_t code)
@@ -241,7 +277,9 @@ static void fail(struct h2 *h, uint32_t code)
     go_away(h, code);
     h->dead = 1;
     h->in_block = 0;
+    block_small(h);
     h->q_len = h->q_n = 0;
+    queue_small(h);
     h->n_slots = 0;
     h->cur_sid = 0;
     h->cur_state = R_NONE;
@@ -628,6 +666,8 @@ static int enqueue(struct h2 *h, uint32_t sid, long len)
     uint32_t size = (uint32_t)((sizeof(struct qhead) + keep + 7) & ~7u);
     if (streams(h) >= H2_MAX_STREAMS || h->q_len + size > QUEUE_CAP)
         return 0;
+    if (h->q_len + size > h->q_cap && !grow(&h->queue, &h->q_cap, h->q_len, QUEUE_CAP))
+        return 0; /* the TLS heap is full: refused, as when the queue is */
     struct qhead *q = (struct qhead *)(h->queue + h->q_len);
     q->sid = sid;
     q->window = h->initial;
@@ -645,6 +685,7 @@ static void end_headers(struct h2 *h, uint64_t now)
     h->in_block = 0;
     uint32_t sid = h->block_sid;
     long list = hpack_decode(h, h->block, h->block_len);
+    block_small(h); /* decoded: the fields are in list_buf now */
     if (list < 0) {
         fail(h, COMPRESSION_ERROR);
         return;
@@ -767,10 +808,12 @@ static void apply_setting(struct h2 *h, const uint8_t *e)
         for (uint32_t i = 0; i < h->n_slots && !h->dead; i++)
             if ((h->slots[i].window += delta) > H2_WINDOW_MAX)
                 fail(h, FLOW_CONTROL_ERROR);
-        for (uint32_t off = 0; off < h->q_len && !h->dead;) {
+        for (uint32_t off = 0; off < h->q_len;) {
             struct qhead *q = (struct qhead *)(h->queue + off);
-            if ((q->window += delta) > H2_WINDOW_MAX)
-                fail(h, FLOW_CONTROL_ERROR);
+            if ((q->window += delta) > H2_WINDOW_MAX) {
+                fail(h, FLOW_CONTROL_ERROR); /* the queue is gone with it */
+                break;
+            }
             off += QSIZE(q);
         }
     } else if (key == 5) {
@@ -920,6 +963,11 @@ static void frame_bytes(struct h2 *h, const uint8_t *p, uint32_t n)
             k = n;
         if (h->block_len + k > 2 * core_limits.head) {
             fail(h, ENHANCE_YOUR_CALM); /* CONTINUATION flood (CVE-2024-27316) */
+            return;
+        }
+        if (h->block_len + k > h->block_cap &&
+            !grow(&h->block, &h->block_cap, h->block_len, BLOCK_CAP)) {
+            fail(h, INTERNAL_ERROR); /* no memory for a long header block */
             return;
         }
         memcpy(h->block + h->block_len, p, k);
@@ -1372,11 +1420,19 @@ void h2_init(struct h2 *h, struct core_conn *core, uint64_t now, uint32_t open)
     h->table_max = TABLE_CAP;
     h->q_len = h->q_n = h->ctrl_len = h->olen = 0;
     h->n_slots = h->rr = 0;
+    h->queue = h->queue_small, h->q_cap = QUEUE_SMALL;
+    h->block = h->block_small, h->block_cap = BLOCK_SMALL;
     h->out.n = 0;
     uint8_t s[12] = { 0, 3, 0, 0, 0, H2_MAX_STREAMS, 0, 6 }; /* MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE */
     uint32_t head = (uint32_t)core_limits.head;
     s[8] = (uint8_t)(head >> 24), s[9] = (uint8_t)(head >> 16), s[10] = (uint8_t)(head >> 8), s[11] = (uint8_t)head;
     ctrl(h, SETTINGS, 0, 0, s, sizeof s);
+}
+
+void h2_free(struct h2 *h)
+{
+    block_small(h);
+    queue_small(h);
 }
 
 void h2_eof(struct h2 *h)

@@ -26,6 +26,9 @@ void h2_init(struct h2 *h, struct core_conn *core, uint64_t now_ms, uint32_t ope
 /* Plaintext from the peer; returns how much was consumed (the rest: offer again
  * after h2_written). */
 size_t h2_take(struct h2 *h, const uint8_t *p, size_t n, uint64_t now_ms);
+/* Give back what the connection took from the TLS heap beyond h2_size() (before
+ * freeing h itself). */
+void h2_free(struct h2 *h);
 /* The peer finished sending (TLS close_notify or EOF). */
 void h2_eof(struct h2 *h);
 /* Frames to write now (NULL: none). The same list comes back until h2_written. */

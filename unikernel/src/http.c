@@ -94,8 +94,10 @@ static uint64_t now_ms(void)
 
 static void release(struct hconn *h)
 {
-    if (h->h2)
+    if (h->h2) {
+        h2_free(h->h2);
         tls_release(h->h2);
+    }
     h->h2 = NULL;
     if (h->tls)
         tls_free(h->tls);
