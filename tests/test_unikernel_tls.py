@@ -565,13 +565,16 @@ def test_h2_many_concurrent_streams_on_one_connection(vm, tls_pki):
 
 
 def test_h2_with_a_tiny_window(vm, tls_pki):
-    """A client window of 1 KiB, opened as it reads: flow control both ways."""
+    """A client window of 1 KiB, opened as it reads: 64 KiB of a download (64 windows:
+    a round trip each) and two pages beside it arrive whole."""
     from h2util import H2Client
     client = H2Client(h2_connect(vm, tls_pki), settings={"initial_window_size": 1024})
     try:
-        got = client.fetch([("GET", "/files/big.txt", {}), ("GET", "/css/site.css", {})])
-        assert got[0].body == demo_file("files/big.txt")
+        got = client.fetch([("GET", "/files/big.txt", {"range": "bytes=0-65535"}),
+                            ("GET", "/css/site.css", {}), ("GET", "/", {})])
+        assert got[0].status == 206 and got[0].body == demo_file("files/big.txt")[:65536]
         assert got[1].body == demo_file("css/site.css")
+        assert got[2].body == demo_file("index.html")
     finally:
         client.close()
 
