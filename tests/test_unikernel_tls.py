@@ -413,15 +413,19 @@ def test_junk_on_the_tls_port_ends_in_a_close_and_the_kernel_serves_on(vm, tls_p
     """200 connections of bytes no handshake can come from (random, truncated, out of
     order): each ends in an alert or a close, never a PANIC; HTTPS works after them."""
     rng = random.Random(15)
-    for _ in range(200):
-        with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as s:
-            s.sendall(_junk(rng))
+    for i in range(200):
+        junk = _junk(rng)
+        with socket.create_connection(("127.0.0.1", vm.port), timeout=15) as s:
+            s.sendall(junk)
             s.shutdown(socket.SHUT_WR)
             try:
                 while s.recv(65536):
                     pass
             except ConnectionResetError:  # a close with our bytes unread
                 pass
+            except TimeoutError:
+                raise AssertionError(f"connection {i} ({len(junk)} bytes from {junk[:6].hex()}) "
+                                     "was never closed; serial log:\n" + "".join(vm.log[-20:]))
     assert vm.proc.poll() is None, "".join(vm.log)
     ctx = client_context(tls_pki, ("http/1.1",))
     with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
