@@ -392,14 +392,8 @@ def test_real_site_over_https_h2_with_curl_nghttp_and_chromium(pki, tmp_path):
         from browser import chromium, load_pages
         if chromium() is None:
             pytest.skip("no Chromium (apt-get install chromium; ./dev test does)")
-        spki = subprocess.run(
-            f"openssl x509 -in {pki.cert} -pubkey -noout | openssl pkey -pubin -outform der"
-            " | openssl dgst -sha256 -binary | base64", shell=True, capture_output=True,
-            text=True, check=True).stdout.strip()
-        wrapper = tmp_path / "chromium"
-        wrapper.write_text(f"#!/bin/sh\nexec {chromium()} "
-                           f"--ignore-certificate-errors-spki-list={spki} \"$@\"\n")
-        wrapper.chmod(0o755)
+        from tlsutil import trusting_chromium
+        wrapper = trusting_chromium(pki.cert, tmp_path)
         pages = ["index.html", "sql-select.html", "gin-implementation.html", "storage-page-layout.html",
                  "datatype-json.html", "functions-json.html"]
         before = len(log.read_text().splitlines()) if log.exists() else 0

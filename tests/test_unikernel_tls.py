@@ -708,14 +708,8 @@ def test_chromium_loads_pages_over_https(vm, tls_pki, tmp_path):
     from browser import chromium, load_pages
     if chromium() is None:
         pytest.skip("no Chromium (apt-get install chromium; ./dev test does)")
-    spki = subprocess.run(
-        f"openssl x509 -in {tls_pki.cert} -pubkey -noout | openssl pkey -pubin -outform der"
-        " | openssl dgst -sha256 -binary | base64", shell=True, capture_output=True,
-        text=True, check=True).stdout.strip()
-    wrapper = tmp_path / "chromium"
-    wrapper.write_text(f"#!/bin/sh\nexec {chromium()} "
-                       f"--ignore-certificate-errors-spki-list={spki} \"$@\"\n")
-    wrapper.chmod(0o755)
+    from tlsutil import trusting_chromium
+    wrapper = trusting_chromium(tls_pki.cert, tmp_path)
     base = f"https://localhost:{vm.port}"
     results = load_pages([base + p for p in ("/", "/docs/", "/docs/guide/getting-started")],
                          timeout=30, executable=str(wrapper))

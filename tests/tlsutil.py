@@ -53,6 +53,21 @@ def make_pki(folder: str) -> Pki:
                p("key2.pem"))
 
 
+def trusting_chromium(cert: str, folder) -> str:
+    """A Chromium launcher (a script in ``folder``) that trusts ``cert``'s public key, as a
+    browser trusts a real certificate; for tests/browser.py ``load_pages(executable=...)``."""
+    from browser import chromium
+    spki = subprocess.run(
+        f"openssl x509 -in {cert} -pubkey -noout | openssl pkey -pubin -outform der"
+        " | openssl dgst -sha256 -binary | base64", shell=True, capture_output=True,
+        text=True, check=True).stdout.strip()
+    wrapper = os.path.join(str(folder), "chromium")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\nexec {chromium()} --ignore-certificate-errors-spki-list={spki} \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    return wrapper
+
+
 def client_context(pki: Pki, alpn=("h2", "http/1.1"), version: str | None = None) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=pki.ca)
     if alpn:
