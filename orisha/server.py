@@ -42,7 +42,10 @@ def load_site(build_dir: str):
     return module.SITE
 
 
-def listeners(host: str, port: int, count: int) -> list[socket.socket]:
+def listeners(host: str, port: int, count: int, share: bool = True) -> list[socket.socket]:
+    """``count`` listeners on one port; ``share``: SO_REUSEPORT, so the workers of every
+    generation accept from it. The admin port is not shared: a clash is an error, not a
+    port whose connections the kernel deals out between two servers."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -54,7 +57,7 @@ def listeners(host: str, port: int, count: int) -> list[socket.socket]:
             s = socket.socket(family, socket.SOCK_STREAM)
             socks.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(share))
             s.bind(addr)
             s.listen(BACKLOG)
             s.setblocking(False)
@@ -101,7 +104,9 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     name, loop_cls = _loop(loop or site.loop)
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
-    admin = listeners(admin_host, admin_port, 1)[0] if admin_port is not None else None
+    if admin_port and admin_port == port:
+        raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
+    admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     try:
         socks = listeners(host, port, workers)
     except ServeError:

@@ -150,11 +150,11 @@ def test_runs_as_non_root_and_logs_its_start_up_line():
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_port_is_configurable(demo, how):
     _, tag = demo
-    r = docker("run", "-d", "--rm", "-p", "127.0.0.1:0:9090", *(["-e", "PORT=9090"] if how == "env"
-               else []), tag, *(["--port", "9090"] if how == "flag" else []))
+    r = docker("run", "-d", "--rm", "-p", "127.0.0.1:0:8000", *(["-e", "PORT=8000"] if how == "env"
+               else []), tag, *(["--port", "8000"] if how == "flag" else []))
     cid = r.stdout.strip()
     try:
-        port = int(docker("port", cid, "9090/tcp").stdout.split()[0].rsplit(":", 1)[1])
+        port = int(docker("port", cid, "8000/tcp").stdout.split()[0].rsplit(":", 1)[1])
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -164,9 +164,18 @@ def test_port_is_configurable(demo, how):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         assert r.status == 200 and r.body == demo_file("index.html")
-        assert ":9090/" in docker("logs", cid).stdout
+        assert ":8000/" in docker("logs", cid).stdout
     finally:
         docker("stop", cid, check=False)
+
+
+def test_the_admin_port_of_the_image_is_not_shared_with_the_serving_port(demo):
+    """The image sets ADMIN_PORT=9090: serving on 9090 too is a one-line error, not a port
+    whose connections the kernel deals out between the site and the admin answers."""
+    _, tag = demo
+    r = docker("run", "--rm", tag, "--port", "9090", check=False)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.strip() == "orisha: error: --admin-port 9090 is the serving port too; give it another port"
 
 
 def test_sigterm_finishes_in_flight_responses_and_stops_quickly(demo):

@@ -204,3 +204,23 @@ def test_python_api(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(20) == 0
+
+
+def test_an_admin_port_that_clashes_is_a_one_line_error(builds):
+    """The admin listener never shares its port (no SO_REUSEPORT): the serving port itself,
+    or a port another Orisha's workers hold, is refused at start instead of splitting the
+    connections between two servers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    r = orisha("serve", builds["notfound"], "--port", str(port), "--admin-port", str(port), timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"orisha: error: --admin-port {port} is the serving port too; "
+                                "give it another port")
+    s = Server(builds["notfound"], "--workers", "1")
+    try:
+        r = orisha("serve", builds["notfound"], "--port", "0", "--admin-port", str(s.port), timeout=60)
+        assert r.returncode == 1
+        assert r.stderr.strip() == f"orisha: error: 127.0.0.1:{s.port}: address already in use"
+    finally:
+        assert s.stop() == 0
