@@ -8,4 +8,9 @@
 u32_t net_tcp_isn(const ip_addr_t *local_ip, u16_t local_port,
                   const ip_addr_t *remote_ip, u16_t remote_port);
 
+/* A SYN that starts a new connection over a TIME_WAIT one (net.c). */
+struct pbuf;
+struct netif;
+int net_ip4_input(struct pbuf *p, struct netif *inp);
+
 #endif

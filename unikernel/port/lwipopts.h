@@ -80,6 +80,7 @@
  * net.c answers with a keyed hash of the 4-tuple plus a 4 us clock. */
 #define LWIP_HOOK_FILENAME          "lwiphooks.h"
 #define LWIP_HOOK_TCP_ISN           net_tcp_isn
+#define LWIP_HOOK_IP4_INPUT         net_ip4_input
 
 /* Checksums in software (no offload negotiated with virtio-net yet). */
 #define CHECKSUM_GEN_IP             1

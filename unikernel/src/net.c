@@ -11,6 +11,9 @@
 #include "lwip/pbuf.h"
 #include "lwip/timeouts.h"
 #include "lwip/ip4_addr.h"
+#include "lwip/prot/ip4.h"
+#include "lwip/prot/tcp.h"
+#include "lwip/priv/tcp_priv.h"
 #include "netif/ethernet.h"
 #include "lwiphooks.h"
 #include "net.h"
@@ -92,6 +95,47 @@ static void isn_keygen(void)
     platform_printf("orisha: no hardware random numbers: TCP sequence numbers keyed from the clock\n");
     isn_key[0] = platform_now_ns() ^ ((uint64_t)platform_random() << 32);
     isn_key[1] = ((uint64_t)platform_random() << 32) ^ platform_unix_time();
+}
+
+/*
+ * A SYN for a connection still in TIME_WAIT here starts a new one, as on Linux
+ * and the BSDs (RFC 1122 §4.2.2.13: when its sequence number is past the old
+ * connection's). lwIP instead answers such a SYN with an ACK (or a RST when it
+ * falls in the old window) and ignores the peer's RST for the whole 2*MSL. Under
+ * QEMU's user networking that is a real case: every forwarded connection comes
+ * from 10.0.2.2 and the client's own port, and the host reuses a client port as
+ * soon as its own side is closed, so a connection that reuses the port of one
+ * this kernel closed first waited up to two minutes for its handshake (the rare
+ * 10 s time-outs of the socket tests). Called by ip4_input for every packet
+ * (LWIP_HOOK_IP4_INPUT); it never eats one: the SYN goes on to the listener.
+ */
+int net_ip4_input(struct pbuf *p, struct netif *inp)
+{
+    (void)inp;
+    const uint8_t *ip = p->payload;
+    size_t hl = (size_t)(ip[0] & 0x0f) * 4;
+    if (p->len < hl + TCP_HLEN || hl < IP_HLEN || ip[9] != IP_PROTO_TCP)
+        return 0;
+    if ((ip[6] & 0x3f) | ip[7]) /* a fragment: not a whole SYN */
+        return 0;
+    const struct tcp_hdr *th = (const struct tcp_hdr *)(ip + hl);
+    if ((TCPH_FLAGS(th) & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN)
+        return 0;
+    ip4_addr_t src, dst;
+    memcpy(&src, ip + 12, 4);
+    memcpy(&dst, ip + 16, 4);
+    u16_t sport = lwip_ntohs(th->src), dport = lwip_ntohs(th->dest);
+    u32_t seq = lwip_ntohl(th->seqno);
+    for (struct tcp_pcb *pcb = tcp_tw_pcbs; pcb; pcb = pcb->next) {
+        if (pcb->remote_port == sport && pcb->local_port == dport &&
+            ip4_addr_cmp(ip_2_ip4(&pcb->remote_ip), &src) &&
+            ip4_addr_cmp(ip_2_ip4(&pcb->local_ip), &dst)) {
+            if (TCP_SEQ_GT(seq, pcb->rcv_nxt))
+                tcp_abort(pcb); /* TIME_WAIT: freed without a RST */
+            break;
+        }
+    }
+    return 0;
 }
 
 static void rx_frame(const uint8_t *frame, size_t len, void *arg)
