@@ -6,6 +6,10 @@ When Cython and a C compiler are there, ``pip install`` also builds:
   orisha.loops.compiled_epoll      the epoll loop body in C (compiled_epoll.pyx)
   orisha.loops.compiled_io_uring   the io_uring loop body in C against liburing's own
                                    Cython declarations (needs the liburing package)
+  orisha.core.connection           the request core: connection.py itself, compiled with
+                                   the types in connection.pxd (one source; the .py is the
+                                   fallback, chosen by orisha/core/__init__.py when
+                                   ORISHA_PURE is set or the sources changed since the build)
 
 Without Cython, without a compiler (``CC=false``), or when one extension fails
 to compile, the build still succeeds with the pure modules only:
@@ -45,13 +49,30 @@ def extensions() -> list:
         print("orisha: Cython not installed: pure-Python build", file=sys.stderr)
         return []
     exts = [Extension("orisha.loops.compiled_epoll", ["orisha/loops/compiled_epoll.pyx"],
+                      extra_compile_args=EXTRA),
+            Extension("orisha.core.connection", ["orisha/core/connection.py"],
                       extra_compile_args=EXTRA)]
     uring = _liburing_dirs()
     if uring:
         exts.append(Extension("orisha.loops.compiled_io_uring", ["orisha/loops/compiled_io_uring.pyx"],
                               include_dirs=uring, extra_compile_args=EXTRA))
+    _stamp_core_sources()
+    # annotation_typing off: the .py's annotations document, the .pxd types.
     return cythonize(exts, language_level=3, quiet=True,
-                     compiler_directives={"boundscheck": False, "wraparound": False})
+                     compiler_directives={"boundscheck": False, "wraparound": False,
+                                          "annotation_typing": False})
+
+
+def _stamp_core_sources() -> None:
+    """Record which sources the compiled core is built from (orisha/core/__init__.py
+    compares them at import, so an edit without a rebuild runs the .py, not stale C)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from orisha import compiled
+    finally:
+        sys.path.pop(0)
+    with open(compiled.STAMP, "w") as f:
+        f.write(compiled.sources_digest() + "\n")
 
 
 class OptionalBuildExt(build_ext):

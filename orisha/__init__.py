@@ -9,7 +9,11 @@ The Python API mirrors the three declarations of a small program::
 
 from __future__ import annotations
 
+from .compiled import choose as _choose_builds
+
 __all__ = ["static", "serve", "StaticSite"]
+
+_choose_builds()  # the compiled core or its .py, before anything imports it (compiled.py)
 
 
 class StaticSite:

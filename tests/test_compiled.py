@@ -23,7 +23,10 @@ from httpraw import Conn
 
 from orisha import loops
 
-BUILT = all(importlib.util.find_spec(m) is not None for m in loops.COMPILED.values())
+from orisha.compiled import compiled_core
+
+BUILT = (all(importlib.util.find_spec(m) is not None for m in loops.COMPILED.values())
+         and compiled_core() is not None)
 needs_compiled = pytest.mark.skipif(not BUILT, reason="compiled loop bodies not built "
                                     "(pip install -e . with Cython and a C compiler)")
 
@@ -48,8 +51,34 @@ def test_compiled_body_is_loaded_and_orisha_pure_loads_the_py(loop):
 @needs_compiled
 def test_version_says_compiled_or_pure():
     assert "epoll compiled" in orisha("--version").stdout
+    assert "core compiled" in orisha("--version").stdout
     r = orisha("--version", env={**os.environ, "ORISHA_PURE": "1"})
-    assert "epoll pure" in r.stdout and "io-uring pure" in r.stdout
+    assert "epoll pure" in r.stdout and "io-uring pure" in r.stdout and "core pure" in r.stdout
+
+
+def _core_file(env: dict | None = None, cwd: str = ROOT) -> tuple[str, str]:
+    r = subprocess.run([sys.executable, "-c", "import orisha.core.connection as c; print(c.__file__)"],
+                       capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip(), r.stderr
+
+
+@needs_compiled
+def test_the_core_is_compiled_unless_orisha_pure_or_its_source_changed(tmp_path):
+    """connection.py compiled with connection.pxd shadows the .py; ORISHA_PURE=1 loads the
+    .py, and so does an edit made after the build (a stale .so would run old code)."""
+    path, err = _core_file()
+    assert path == compiled_core() and err == ""
+    path, err = _core_file({**os.environ, "ORISHA_PURE": "1"})
+    assert path.endswith(os.path.join("orisha", "core", "connection.py")) and err == ""
+    shutil.copytree(os.path.join(ROOT, "orisha"), tmp_path / "orisha",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "orisha" / "core" / "connection.py", "a") as f:
+        f.write("# an edit after the build\n")
+    path, err = _core_file({**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=str(tmp_path))
+    assert path == str(tmp_path / "orisha" / "core" / "connection.py")
+    assert err == ("orisha: the compiled core is older than orisha/core/connection.py; using "
+                   "the .py (pip install -e . rebuilds it)\n")
 
 
 @needs_compiled
@@ -99,7 +128,7 @@ def _serves_pure(target: str, tmp_path) -> None:
         assert s.stop() == 0
     r = subprocess.run([sys.executable, "-m", "orisha.cli", "--version"], env=env, capture_output=True,
                        text=True, cwd=tmp_path)
-    assert "epoll pure" in r.stdout, r.stdout
+    assert "epoll pure" in r.stdout and "core pure" in r.stdout, r.stdout
 
 
 @pytest.mark.slow

@@ -283,8 +283,9 @@ class Connection:
         limits = app.limits
         plans = app.plans
         tails = app.tails(now)
+        pipeline, head_max = limits.pipeline, limits.head + 4
         answered = 0
-        while not self.close_after and answered < limits.pipeline:
+        while not self.close_after and answered < pipeline:
             buf = self.buf
             if self.discard:
                 skip = min(self.discard, len(buf))
@@ -297,12 +298,12 @@ class Connection:
                 self.buf = buf = buf.lstrip(b"\r\n")
             if not buf:
                 break
-            end = buf.find(b"\r\n\r\n", 0, limits.head + 4)
-            head = buf[:end] if end >= 0 else buf[:limits.head + 4]
+            end = buf.find(b"\r\n\r\n", 0, head_max)
+            head = buf[:end] if end >= 0 else buf[:head_max]
             if end < 0 or b"\n\n" in head or b"\n\r\n" in head:
-                m = _END.search(buf, 0, limits.head + 4)
+                m = _END.search(buf, 0, head_max)
                 if m is None:
-                    if cannot_begin(buf, limits.head + 4):  # e.g. a TLS ClientHello: no wait
+                    if cannot_begin(buf, head_max):  # e.g. a TLS ClientHello: no wait
                         self._emit(_error_plan(400), tails, buf[:200], now)
                     elif len(buf) > limits.head:
                         status = 414 if b"\n" not in buf[:limits.head] else 431
@@ -319,7 +320,7 @@ class Connection:
             if plan is None:
                 plan = app.plan(head)
             self._emit(plan, tails, head, now)
-        if self.eof and not self.close_after and answered < limits.pipeline:
+        if self.eof and not self.close_after and answered < pipeline:
             self.close_after = True  # the peer sent all it will; what it asked for is queued
         if self.close_after and not self.out:
             self._finish(now)

@@ -15,6 +15,7 @@ import select
 import signal
 import sys
 
+from ..compiled import pure
 from ..errors import LoopUnavailable
 
 MODULES = {
@@ -110,11 +111,6 @@ def resolve(name: str) -> tuple[str, str | None]:
     return "epoll", f"io_uring unavailable ({problem}); using epoll"
 
 
-def pure() -> bool:
-    """True when ORISHA_PURE asks for the pure-Python modules even where compiled ones exist."""
-    return os.environ.get("ORISHA_PURE", "") not in ("", "0")
-
-
 def module(name: str) -> str:
     """The module ``load`` imports for loop ``name``: its compiled body when built, else the .py."""
     compiled = COMPILED.get(name)
@@ -129,9 +125,12 @@ def build(loop_cls) -> str:
 
 
 def describe() -> str:
-    """Which body each compiled-capable loop would run, e.g. "epoll compiled, io-uring pure"."""
-    return ", ".join(f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
-                     for name in COMPILED)
+    """Which body each compiled-capable loop would run and which core, e.g. "epoll compiled,
+    io-uring pure, core compiled"."""
+    from ..core import connection
+    core = "pure" if connection.__file__.endswith(".py") else "compiled"
+    return ", ".join([f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
+                      for name in COMPILED] + [f"core {core}"])
 
 
 def load(name: str):

@@ -69,7 +69,9 @@ def loop_modules(loop: str) -> tuple[list[str], list[str]]:
     if loop != "auto" and loop not in LINUX:
         raise BuildError(f"--loop {loop}: not available in a Linux container "
                          f"(choose {', '.join(LINUX)} or auto)")
-    mods = ["orisha.blob", "orisha.core.site", *_bodies("epoll")]  # the first two: site.py
+    # orisha.blob and the core's modules: site.py imports them, and a compiled core (a .so
+    # PyInstaller cannot read imports from) imports the rest of the core.
+    mods = ["orisha.blob", *_core_modules(), *_bodies("epoll")]
     pkgs: list[str] = []
     # auto resolves at start-up: bundle io_uring when its library is here, epoll always.
     chosen = ["io-uring"] if loop == "auto" else ([] if loop == "epoll" else [loop])
@@ -83,6 +85,12 @@ def loop_modules(loop: str) -> tuple[list[str], list[str]]:
         mods += _bodies(name)
         pkgs += present
     return mods, pkgs
+
+
+def _core_modules() -> list[str]:
+    core = os.path.join(PACKAGE, "core")
+    return [f"orisha.core.{n[:-3]}" for n in sorted(os.listdir(core))
+            if n.endswith(".py") and n != "__init__.py"]
 
 
 def _bodies(name: str) -> list[str]:
@@ -174,7 +182,7 @@ def _key(mods: list[str], pkgs: list[str]) -> str:
     for dirpath, dirs, names in os.walk(PACKAGE):
         dirs[:] = sorted(d for d in dirs if d not in ("embed", "unikernel", "__pycache__"))
         for n in sorted(names):
-            if n.endswith(".py") and n not in ("cli.py", "build.py"):
+            if n.endswith((".py", ".pyx", ".pxd")) and n not in ("cli.py", "build.py"):
                 with open(os.path.join(dirpath, n), "rb") as f:
                     h.update(n.encode() + b"\0" + f.read())
     return h.hexdigest()
