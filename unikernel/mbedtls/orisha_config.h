@@ -7,9 +7,10 @@
  *   - AES-GCM and ChaCha20-Poly1305; SHA-256 and SHA-384;
  *   - no file system, sockets, threads, session cache or client side;
  *   - memory from a heap carved once from the kernel's arena
- *     (memory_buffer_alloc), randomness from RDSEED/RDRAND as a strong entropy
- *     source (mbedtls_hardware_poll, tls.c) feeding PSA's DRBG, time from the
- *     kernel's clocks (tls.c).
+ *     (memory_buffer_alloc), randomness from RDSEED/RDRAND and virtio-rng, each
+ *     a strong entropy source when the machine has it (tls.c adds them to PSA's
+ *     entropy context: no default sources here), feeding PSA's DRBG, time from
+ *     the kernel's clocks (tls.c).
  * The PSA_WANT_* set follows from these legacy options (no PSA config file).
  */
 #ifndef ORISHA_MBEDTLS_CONFIG_H
@@ -40,7 +41,7 @@ long long tls_time(long long *t);
 #define MBEDTLS_PLATFORM_EXIT_MACRO(code) platform_panic(__FILE__, __LINE__, "mbedtls exit %d", (code))
 #define MBEDTLS_MEMORY_BUFFER_ALLOC_C
 #define MBEDTLS_NO_PLATFORM_ENTROPY
-#define MBEDTLS_ENTROPY_HARDWARE_ALT
+#define MBEDTLS_NO_DEFAULT_ENTROPY_SOURCES /* tls.c adds the ones the machine has */
 #define MBEDTLS_ENTROPY_C
 #define MBEDTLS_CTR_DRBG_C
 #define MBEDTLS_PSA_CRYPTO_C

@@ -145,6 +145,12 @@ static int rng_kind(void)
     return rng;
 }
 
+const char *platform_entropy_source(void)
+{
+    static const char *const names[] = { [RNG_RDRAND] = "rdrand", [RNG_RDSEED] = "rdseed" };
+    return names[rng_kind()];
+}
+
 static int rdseed64(uint64_t *v)
 {
     uint8_t ok;

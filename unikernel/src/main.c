@@ -1,8 +1,9 @@
 /*
  * The application: starts the subsystems on the platform (platform.h) and
  * runs the polling loop. Solo5's shape: the platform boots and calls main();
- * net.c (lwIP over virtio-net) and http.c (the request core over lwIP) are
- * started from here and only ever call down into the platform.
+ * virtio-rng (an entropy source), net.c (lwIP over virtio-net) and http.c (the
+ * request core over lwIP) are started from here and only ever call down into
+ * the platform.
  *
  * The host talks to the guest over the serial console (`orisha boot` writes
  * to QEMU's stdin, orisha/targets/unikernel/boot.py): "stop" asks for a
@@ -17,6 +18,7 @@
 #include "net.h"
 #include "http.h"
 #include "io.h"
+#include "virtio_rng.h"
 
 #define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
 #define STATS_MS 10000       /* orisha.verbose: net counters this often */
@@ -104,6 +106,13 @@ int main(void)
     const uint8_t *site = platform_site(&site_len);
     /* Serial output costs a VM exit per byte on some hosts (~3 ms a line),
      * so the default boot log is two lines; orisha.verbose adds details. */
+    int rng = virtio_rng_init(); /* before net_init: its TCP ISN key reads it */
+    if (platform_verbose()) {
+        const char *cpu = platform_entropy_source();
+        platform_printf("orisha: entropy sources: %s%s%s%s\n", cpu ? cpu : "",
+                        cpu && rng ? ", " : "", rng ? "virtio-rng " : "",
+                        rng ? virtio_rng_describe() : cpu ? "" : "none");
+    }
     net_init(); /* starts DHCP */
     int tls = http_init(site, site_len);
     wait_for_address(); /* net.c logs the address */

@@ -18,6 +18,7 @@
 #include "lwiphooks.h"
 #include "net.h"
 #include "virtio_net.h"
+#include "virtio_rng.h"
 #include "platform.h"
 
 static struct netif nif;
@@ -31,7 +32,8 @@ u32_t sys_now(void)
 
 /*
  * RFC 6528 §3: ISN = M + F(localip, localport, remoteip, remoteport, key), M a
- * 4 us timer and F a pseudorandom function keyed once at boot. F is
+ * 4 us timer and F a pseudorandom function keyed once at boot (from every
+ * entropy source there is, see isn_keygen). F is
  * SipHash-2-4 (Linux's choice for the same job): an off-path attacker who
  * sees the ISNs of its own connections learns nothing of anyone else's.
  */
@@ -86,12 +88,20 @@ u32_t net_tcp_isn(const ip_addr_t *local_ip, u16_t local_port,
     return clock + (uint32_t)siphash24(isn_key, m, sizeof m);
 }
 
+/* The key is the XOR of what each entropy source gives (RDSEED/RDRAND,
+ * virtio-rng): as unpredictable as the better of the two, and either alone
+ * is enough. */
 static void isn_keygen(void)
 {
-    if (platform_entropy(isn_key, sizeof isn_key) == 0)
+    uint64_t cpu[2] = { 0, 0 }, dev[2] = { 0, 0 };
+    int have_cpu = platform_entropy(cpu, sizeof cpu) == 0;
+    int have_dev = virtio_rng_read(dev, sizeof dev) == 0;
+    isn_key[0] = cpu[0] ^ dev[0];
+    isn_key[1] = cpu[1] ^ dev[1];
+    if (have_cpu || have_dev)
         return;
-    /* No RDSEED/RDRAND (an old CPU model): the boot's clock readings are all
-     * there is. Still per-boot and per-connection, but guessable: say so. */
+    /* Neither (an old CPU model, no virtio-rng): the boot's clock readings are
+     * all there is. Still per-boot and per-connection, but guessable: say so. */
     platform_printf("orisha: no hardware random numbers: TCP sequence numbers keyed from the clock\n");
     isn_key[0] = platform_now_ns() ^ ((uint64_t)platform_random() << 32);
     isn_key[1] = ((uint64_t)platform_random() << 32) ^ platform_unix_time();

@@ -52,5 +52,7 @@ uint32_t platform_random(void);
 /* Hardware entropy (cpu.c: RDSEED, else RDRAND) for keys and seeds: fills
  * buf and returns 0, or -1 when the CPU has none or it stays empty. */
 int platform_entropy(void *buf, size_t len);
+/* Which instruction platform_entropy uses: "rdseed", "rdrand", or NULL (none). */
+const char *platform_entropy_source(void);
 
 #endif

@@ -7,10 +7,13 @@
  *   arena cannot do, so its own first-fit heap (memory_buffer_alloc) runs over
  *   a fixed bss region. A session costs about 40 KB (two 16 KiB record
  *   buffers); when the heap is full a new connection is reset.
- * - Entropy: RDSEED/RDRAND (platform_entropy) is mbedTLS's hardware source
- *   (MBEDTLS_ENTROPY_HARDWARE_ALT: mbedtls_entropy_init adds it as a strong
- *   source), which seeds PSA's CTR_DRBG; every key share, nonce and signature
- *   draws from that. A CPU without either cannot serve TLS: PANIC at boot.
+ * - Entropy: PSA's CTR_DRBG, which every key share, nonce and signature draws
+ *   from, is seeded (and reseeded) from an entropy context holding a strong
+ *   source for each generator the machine has: RDSEED/RDRAND
+ *   (platform_entropy) and virtio-rng (virtio_rng_read). mbedtls_entropy_func
+ *   wants its threshold from every source it holds, so one the machine lacks
+ *   is not added rather than failing (the config has no default sources).
+ *   Either alone serves TLS; with neither the kernel refuses: PANIC at boot.
  * - Time: mbedtls_time is the wall clock (platform_unix_time), mbedtls_ms_time
  *   the monotonic clock.
  * - I/O: mbedtls_ssl_set_bio over the connection's pbuf queue (input) and
@@ -33,6 +36,7 @@
 #include "mbedtls/psa_util.h"
 #include "psa/crypto.h"
 #include "platform.h"
+#include "virtio_rng.h"
 #include "tls.h"
 
 #define HEAP_SIZE (5u * 1024 * 1024)
@@ -60,17 +64,45 @@ static mbedtls_pk_context key;
 /* h2 first: mbedTLS picks the first of ours the client offers. */
 static const char *alpn[] = { "h2", "http/1.1", NULL };
 
-int mbedtls_hardware_poll(void *data, unsigned char *out, size_t len, size_t *olen);
+/* mbedTLS's hook for PSA's entropy context (psa_crypto_invasive.h, in the
+ * library's own headers: declared here). */
+psa_status_t mbedtls_psa_crypto_configure_entropy_sources(
+    void (*entropy_init)(mbedtls_entropy_context *ctx),
+    void (*entropy_free)(mbedtls_entropy_context *ctx));
 
-int mbedtls_hardware_poll(void *data, unsigned char *out, size_t len, size_t *olen)
+#define SOURCE_THRESHOLD 32 /* bytes from each source before output (MBEDTLS_ENTROPY_MIN_HARDWARE) */
+
+static int have_cpu, have_virtio;
+
+static int cpu_poll(void *data, unsigned char *out, size_t len, size_t *olen)
 {
     (void)data;
-    if (platform_entropy(out, len) != 0) {
-        *olen = 0;
+    *olen = 0;
+    if (platform_entropy(out, len) != 0)
         return MBEDTLS_ERR_ENTROPY_SOURCE_FAILED;
-    }
     *olen = len;
     return 0;
+}
+
+static int virtio_poll(void *data, unsigned char *out, size_t len, size_t *olen)
+{
+    (void)data;
+    *olen = 0;
+    if (virtio_rng_read(out, len) != 0)
+        return MBEDTLS_ERR_ENTROPY_SOURCE_FAILED;
+    *olen = len;
+    return 0;
+}
+
+static void entropy_init(mbedtls_entropy_context *ctx)
+{
+    mbedtls_entropy_init(ctx); /* no sources of its own (MBEDTLS_NO_DEFAULT_ENTROPY_SOURCES) */
+    if (have_cpu && mbedtls_entropy_add_source(ctx, cpu_poll, NULL, SOURCE_THRESHOLD,
+                                               MBEDTLS_ENTROPY_SOURCE_STRONG) != 0)
+        PANIC("tls: cannot add the CPU's entropy source");
+    if (have_virtio && mbedtls_entropy_add_source(ctx, virtio_poll, NULL, SOURCE_THRESHOLD,
+                                                  MBEDTLS_ENTROPY_SOURCE_STRONG) != 0)
+        PANIC("tls: cannot add virtio-rng's entropy source");
 }
 
 long long tls_time(long long *t)
@@ -96,10 +128,15 @@ static void fail(const char *what, int ret)
 int tls_init(void)
 {
     unsigned char probe[8];
-    if (platform_entropy(probe, sizeof probe) != 0)
-        PANIC("tls: the CPU has no RDSEED/RDRAND: no entropy for TLS keys");
+    have_cpu = platform_entropy(probe, sizeof probe) == 0;
+    have_virtio = virtio_rng_read(probe, sizeof probe) == 0;
+    if (!have_cpu && !have_virtio)
+        PANIC("tls: no entropy source (no RDSEED/RDRAND in the CPU, no virtio-rng device): "
+              "refusing to serve TLS");
     mbedtls_memory_buffer_alloc_init(heap, sizeof heap);
-    psa_status_t st = psa_crypto_init();
+    psa_status_t st = mbedtls_psa_crypto_configure_entropy_sources(entropy_init, mbedtls_entropy_free);
+    if (st == PSA_SUCCESS)
+        st = psa_crypto_init();
     if (st != PSA_SUCCESS)
         PANIC("tls: psa_crypto_init failed (%d)", (int)st);
     int ret;

@@ -1,5 +1,7 @@
+#include <string.h>
 #include "virtio.h"
 #include "io.h"
+#include "pci.h"
 #include "platform.h"
 
 /* virtio-mmio registers */
@@ -43,7 +45,14 @@
 static uint32_t mr(struct virtio_dev *d, unsigned off) { return mmio_read32(d->base + off); }
 static void mw(struct virtio_dev *d, unsigned off, uint32_t v) { mmio_write32(d->base + off, v); }
 
-int virtio_mmio_probe(uintptr_t base, struct virtio_dev *dev)
+/* microvm places virtio-mmio transports here, 512 bytes apart. */
+#define MICROVM_MMIO_BASE 0xfeb00000u
+#define MICROVM_MMIO_SLOTS 24
+#define MMIO_WINDOW 0x200
+#define PCI_VENDOR_VIRTIO 0x1af4
+#define PCI_MODERN_BASE 0x1040  /* a modern-only function's device id: 0x1040 + virtio id */
+
+static int mmio_probe(uintptr_t base, struct virtio_dev *dev)
 {
     if (mmio_read32(base + MMIO_MAGIC) != MMIO_MAGIC_VALUE)
         return 0;
@@ -58,12 +67,89 @@ int virtio_mmio_probe(uintptr_t base, struct virtio_dev *dev)
     return 1;
 }
 
-void virtio_pci_legacy_attach(uint16_t iobase, uint32_t device_id, struct virtio_dev *dev)
+static uint64_t parse_hex(const char **p)
 {
+    uint64_t v = 0;
+    const char *s = *p;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+        s += 2;
+    for (;; s++) {
+        char c = *s;
+        unsigned d;
+        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') d = (unsigned)(c - 'A' + 10);
+        else break;
+        v = v * 16 + d;
+    }
+    *p = s;
+    return v;
+}
+
+/* Command line entries look like "virtio_mmio.device=512@0xfeb00e00:12"
+ * (added by QEMU microvm's auto-kernel-cmdline, one per transport in use). */
+static int find_mmio_from_cmdline(uint32_t id, struct virtio_dev *dev)
+{
+    const char *key = "virtio_mmio.device=";
+    size_t klen = strlen(key);
+    for (const char *p = platform_cmdline(); *p; p++) {
+        if (strncmp(p, key, klen) != 0)
+            continue;
+        const char *s = p + klen;
+        while (*s && *s != '@' && *s != ' ')
+            s++;
+        if (*s != '@')
+            continue;
+        s++;
+        uintptr_t base = (uintptr_t)parse_hex(&s);
+        if (mmio_probe(base, dev) && dev->device_id == id)
+            return 1;
+    }
+    return 0;
+}
+
+static int find_pci(uint32_t id, uint16_t pci_id, struct virtio_dev *dev)
+{
+    struct pci_addr a;
+    if (!pci_present())
+        return 0;
+    if (!pci_find(PCI_VENDOR_VIRTIO, pci_id, &a))
+        return pci_find(PCI_VENDOR_VIRTIO, (uint16_t)(PCI_MODERN_BASE + id), &a) ? -1 : 0;
+    uint32_t bar0 = pci_read32(a, 0x10);
+    if (!(bar0 & 1))
+        return -1;
+    pci_enable(a);
     dev->transport = VIRTIO_PCI_LEGACY;
-    dev->base = iobase;
-    dev->device_id = device_id;
+    dev->base = bar0 & ~3u;
+    dev->device_id = id;
     dev->modern = 0;
+    return 1;
+}
+
+static int find_mmio_by_scan(uint32_t id, struct virtio_dev *dev)
+{
+    for (unsigned i = 0; i < MICROVM_MMIO_SLOTS; i++)
+        if (mmio_probe(MICROVM_MMIO_BASE + i * MMIO_WINDOW, dev) && dev->device_id == id)
+            return 1;
+    return 0;
+}
+
+int virtio_find(uint32_t id, uint16_t pci_id, struct virtio_dev *dev)
+{
+    if (find_mmio_from_cmdline(id, dev)) {
+        dev->how = "virtio-mmio (cmdline)";
+        return 1;
+    }
+    int pci = find_pci(id, pci_id, dev);
+    if (pci) {
+        dev->how = "virtio-pci legacy";
+        return pci;
+    }
+    if (find_mmio_by_scan(id, dev)) {
+        dev->how = "virtio-mmio (scan)";
+        return 1;
+    }
+    return 0;
 }
 
 uint8_t virtio_get_status(struct virtio_dev *dev)

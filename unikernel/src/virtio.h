@@ -30,6 +30,7 @@ struct virtio_dev {
     uintptr_t base;       /* MMIO address or I/O port base */
     uint32_t device_id;
     int modern;           /* VIRTIO_F_VERSION_1 negotiated */
+    const char *how;      /* how virtio_find found it, for the boot log */
 };
 
 struct virtq_desc {
@@ -68,9 +69,15 @@ struct virtq {
     uint16_t unkicked;    /* buffers made available since last notify */
 };
 
-/* Probe a virtio-mmio window; returns 1 and fills dev if a device is there. */
-int virtio_mmio_probe(uintptr_t base, struct virtio_dev *dev);
-void virtio_pci_legacy_attach(uint16_t iobase, uint32_t device_id, struct virtio_dev *dev);
+/*
+ * Find the first device of virtio type 'id' (1 net, 4 entropy): the
+ * virtio_mmio.device= entries microvm appends to the command line, else a
+ * transitional PCI function 0x1af4:'pci_id' (its legacy I/O BAR0), else a scan
+ * of microvm's mmio slots. Returns 1 and fills dev; 0 if there is none; -1 if
+ * there is only a PCI function without the legacy interface (modern-only,
+ * 0x1040 + id, or BAR0 not I/O), which this driver cannot drive.
+ */
+int virtio_find(uint32_t id, uint16_t pci_id, struct virtio_dev *dev);
 
 uint8_t virtio_get_status(struct virtio_dev *dev);
 void virtio_set_status(struct virtio_dev *dev, uint8_t status);

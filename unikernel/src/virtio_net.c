@@ -1,7 +1,6 @@
 #include <string.h>
 #include "virtio_net.h"
 #include "virtio.h"
-#include "pci.h"
 #include "platform.h"
 #include "io.h"
 
@@ -12,10 +11,7 @@
 #define RXQ 0
 #define TXQ 1
 
-/* microvm places virtio-mmio transports here, 512 bytes apart. */
-#define MICROVM_MMIO_BASE 0xfeb00000u
-#define MICROVM_MMIO_SLOTS 24
-#define MMIO_WINDOW 0x200
+#define VIRTIO_NET_PCI_ID 0x1000 /* transitional virtio-net-pci */
 
 static struct virtio_dev dev;
 static struct virtq rxq, txq;
@@ -27,76 +23,6 @@ static size_t hdr_len;
 static uint8_t mac[6];
 static struct virtio_net_stats stats;
 static char describe[96];
-
-static uint64_t parse_hex(const char **p)
-{
-    uint64_t v = 0;
-    const char *s = *p;
-    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
-        s += 2;
-    for (;; s++) {
-        char c = *s;
-        unsigned d;
-        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') d = (unsigned)(c - 'A' + 10);
-        else break;
-        v = v * 16 + d;
-    }
-    *p = s;
-    return v;
-}
-
-/* Command line entries look like "virtio_mmio.device=512@0xfeb00e00:12"
- * (added by QEMU microvm's auto-kernel-cmdline). */
-static int find_mmio_from_cmdline(void)
-{
-    const char *key = "virtio_mmio.device=";
-    size_t klen = strlen(key);
-    for (const char *p = platform_cmdline(); *p; p++) {
-        if (strncmp(p, key, klen) != 0)
-            continue;
-        const char *s = p + klen;
-        while (*s && *s != '@' && *s != ' ')
-            s++;
-        if (*s != '@')
-            continue;
-        s++;
-        uintptr_t base = (uintptr_t)parse_hex(&s);
-        struct virtio_dev d;
-        if (virtio_mmio_probe(base, &d) && d.device_id == VIRTIO_ID_NET) {
-            dev = d;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static int find_pci(void)
-{
-    struct pci_addr a;
-    if (!pci_present() || !pci_find(0x1af4, 0x1000, &a))
-        return 0;
-    uint32_t bar0 = pci_read32(a, 0x10);
-    if (!(bar0 & 1))
-        PANIC("virtio-net-pci: BAR0 is not I/O (modern-only device? use disable-legacy=off)");
-    pci_enable(a);
-    virtio_pci_legacy_attach((uint16_t)(bar0 & ~3u), VIRTIO_ID_NET, &dev);
-    return 1;
-}
-
-static int find_mmio_by_scan(void)
-{
-    for (unsigned i = 0; i < MICROVM_MMIO_SLOTS; i++) {
-        struct virtio_dev d;
-        if (virtio_mmio_probe(MICROVM_MMIO_BASE + i * MMIO_WINDOW, &d) &&
-            d.device_id == VIRTIO_ID_NET) {
-            dev = d;
-            return 1;
-        }
-    }
-    return 0;
-}
 
 static void rx_post(uint16_t id)
 {
@@ -110,14 +36,10 @@ static void rx_post(uint16_t id)
 
 int virtio_net_init(void)
 {
-    const char *how;
-    if (find_mmio_from_cmdline())
-        how = "virtio-mmio (cmdline)";
-    else if (find_pci())
-        how = "virtio-pci legacy";
-    else if (find_mmio_by_scan())
-        how = "virtio-mmio (scan)";
-    else
+    int found = virtio_find(VIRTIO_ID_NET, VIRTIO_NET_PCI_ID, &dev);
+    if (found < 0)
+        PANIC("virtio-net-pci: no legacy I/O BAR0 (modern-only device? use disable-legacy=off)");
+    if (!found)
         return 0;
 
     virtio_set_status(&dev, 0); /* reset */
@@ -164,7 +86,7 @@ int virtio_net_init(void)
     virtio_queue_kick(&rxq);
 
     platform_snprintf(describe, sizeof describe, "%s @%#lx, %s, rxq %u txq %u",
-                      how, (unsigned long)dev.base, dev.modern ? "modern" : "legacy",
+                      dev.how, (unsigned long)dev.base, dev.modern ? "modern" : "legacy",
                       rxq.size, txq.size);
     return 1;
 }

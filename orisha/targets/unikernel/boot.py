@@ -120,28 +120,36 @@ GUEST_HTTP, GUEST_TLS = 80, 443  # the kernel's ports (unikernel/src/http.c, tls
 
 def qemu_command(image: str, host: str, port: int, accel: str, memory: int, append: str,
                  machine: str = "microvm", guest_port: int = GUEST_HTTP,
-                 http_port: int | None = None) -> list[str]:
+                 http_port: int | None = None, cpu_flags: str = "",
+                 rng: bool = True) -> list[str]:
     """The QEMU command line, the only copy: microvm with virtio-mmio (what ``orisha boot``
-    runs), or pc/q35 with a transitional virtio-net-pci (the driver's PCI path). HOST:PORT
-    forwards to ``guest_port``; HOST:``http_port``, if given, to the guest's port 80."""
+    runs), or pc/q35 with transitional virtio-pci devices (the drivers' PCI path). HOST:PORT
+    forwards to ``guest_port``; HOST:``http_port``, if given, to the guest's port 80.
+
+    A virtio-rng device fed from the host's /dev/urandom is the guest's second entropy
+    source beside RDSEED/RDRAND (unikernel/src/virtio_rng.c), and its only one on a CPU
+    model without them. ``cpu_flags`` (``-rdrand,-rdseed``) and ``rng=False`` are for
+    tests that take either away."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise BootError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
-    cpu = ["-accel", "kvm", "-cpu", "host,-arch-capabilities"] if accel == "kvm" else \
-        ["-accel", "tcg", "-cpu", "max"]
+    model = "host,-arch-capabilities" if accel == "kvm" else "max"
+    cpu = ["-accel", accel, "-cpu", model + (f",{cpu_flags}" if cpu_flags else "")]
     if machine == "microvm":
         mach = ["-machine", "microvm,acpi=off,x-option-roms=off,pic=off,rtc=on,isa-serial=on"]
-        nic = "virtio-net-device,netdev=n0"
+        bus, legacy = "device", ""
     elif machine in MACHINES:
         mach = ["-machine", machine]
-        nic = "virtio-net-pci,netdev=n0,disable-legacy=off,disable-modern=on"
+        bus, legacy = "pci", ",disable-legacy=off,disable-modern=on"
     else:
         raise BootError(f"machine {machine!r}: choose one of {', '.join(MACHINES)}")
+    entropy = ["-object", "rng-random,filename=/dev/urandom,id=rng0",
+               "-device", f"virtio-rng-{bus},rng=rng0{legacy}"] if rng else []
     cmd = [qemu, *mach, *cpu, "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
            "-serial", "stdio", "-no-reboot", "-kernel", image,
            "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:{guest_port}"
            + (f",hostfwd=tcp:{host}:{http_port}-:{GUEST_HTTP}" if http_port else ""),
-           "-device", nic,
+           "-device", f"virtio-net-{bus},netdev=n0{legacy}", *entropy,
            "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]
     if append:
         cmd += ["-append", append]
