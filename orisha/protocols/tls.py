@@ -45,7 +45,14 @@ from ..core.policy import LINGER
 
 _CHUNK = 64 * 1024     # plaintext per SSLObject.write (OpenSSL cuts it into 16 KiB records)
 _HIGH = 256 * 1024     # ciphertext queued ahead of the socket
-_PLAIN_400 = b"The plain HTTP request was sent to HTTPS port\n"  # nginx's words
+# A plain HTTP request on the TLS port: its first byte is an uppercase method letter, never
+# a TLS record's content type (0x14-0x18); the answer is nginx's 400, its Date and
+# "Connection: close" lines between head and body (App.tails). The unikernel's TLS glue
+# takes these from the build (orisha/targets/unikernel/policy_header.py), not a C copy.
+PLAIN_FIRST = range(0x41, 0x5B)
+PLAIN_400_BODY = b"The plain HTTP request was sent to HTTPS port\n"  # nginx's words
+PLAIN_400_HEAD = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                  b"Content-Length: %d\r\n" % len(PLAIN_400_BODY))
 ALPN = ("h2", "http/1.1")
 # RFC 9113 §9.2.2: HTTP/2 over TLS 1.2 needs ephemeral key exchange and an AEAD cipher.
 _TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
@@ -205,12 +212,10 @@ class TlsConnection:
     # -- steps -----------------------------------------------------------------
     def _plain(self, data: bytes, now: float) -> bool:
         """A first read that is no TLS record (0x16: handshake) but an HTTP request line."""
-        if data[0] == 0x16 or not 0x41 <= data[0] <= 0x5A:  # not an uppercase method letter
+        if data[0] not in PLAIN_FIRST:  # a record (0x16: handshake) or junk for OpenSSL
             return False
         tails = self.app.tails(now)
-        head = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                b"Content-Length: %d\r\n" % len(_PLAIN_400))
-        self.cipher.extend((head, tails[Tail.CLOSE], _PLAIN_400))
+        self.cipher.extend((PLAIN_400_HEAD, tails[Tail.CLOSE], PLAIN_400_BODY))
         self.cipher_bytes = sum(len(b) for b in self.cipher)
         self.state = self.PLAIN
         return True

@@ -1702,3 +1702,11 @@ int core_done(const struct core_conn *c)
 {
     return c->close_after && !c->resp.n;
 }
+
+void core_refuse(struct core_conn *c, const void *head, size_t head_len,
+                 const void *body, size_t body_len)
+{
+    c->resp.n = 0; /* a 503 planned at connect is not sent */
+    emit(c, head, head_len, CLOSE, body, body_len, 1, 1);
+    c->discard = 0;
+}

@@ -86,6 +86,11 @@ void core_sent(struct core_conn *c, uint64_t now_ms);
 int core_tick(struct core_conn *c, uint64_t now_ms, int writing);
 /* No more responses will come: close once the last one is written. */
 int core_done(const struct core_conn *c);
+/* A response from outside the site, in place of any planned one (the TLS port's
+ * answer to plain HTTP, see http.c): head, the Date/close tail, body; then the
+ * connection closes and its input is dropped, as after a fatal error. */
+void core_refuse(struct core_conn *c, const void *head, size_t head_len,
+                 const void *body, size_t body_len);
 
 /* Test hook for the twin property: parse a date as dates.parse_http_date. */
 int core_parse_http_date(const uint8_t *s, size_t n, int64_t *out);

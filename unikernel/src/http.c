@@ -21,7 +21,8 @@
  *   same core, and responses are encrypted as lwIP takes them (small segments
  *   gathered so a small response is one record). A handshake must finish
  *   within the head timeout, as in the Python TLS layer; the last response is
- *   followed by a close_notify, then the linger below. When ALPN chose h2,
+ *   followed by a close_notify, then the linger below. A plain HTTP request
+ *   there (its first byte) gets the Python layer's plain 400 (sniff). When ALPN chose h2,
  *   h2.c stands between the plaintext and the core (pump_h2 moves its frames
  *   out and plaintext in); it decides when the connection ends.
  * - After the last response the connection lingers, as the Python core's
@@ -77,6 +78,7 @@ struct hconn {
     struct h2 *h2;               /* ALPN chose h2 (from the TLS heap) */
     uint32_t open;               /* connections open when this one came (h2's 503s) */
     uint8_t started;             /* TLS: handshake done, protocol chosen */
+    uint8_t sniffed;             /* TLS: the first byte was looked at (sniff) */
     uint8_t plain_eof;           /* h2: the peer's close_notify or EOF was passed on */
     struct core_conn core;
 };
@@ -390,6 +392,30 @@ static int start_tls(struct hconn *h, uint64_t now)
     return 1;
 }
 
+/*
+ * The TLS port's first byte decides, before mbedTLS reads any: an uppercase
+ * method letter is a plain HTTP request, answered as the Python TLS layer
+ * answers it (nginx's 400, policy.h's bytes from protocols/tls.py) in plain
+ * text. The session is dropped and the connection goes on as a plain one whose
+ * core has that one response to write, then lingers as after any fatal error.
+ */
+static void sniff(struct hconn *h)
+{
+    const struct pbuf *q = h->in;
+    while (q && !q->len)
+        q = q->next;
+    if (!q)
+        return;
+    h->sniffed = 1;
+    uint8_t first = *(const uint8_t *)q->payload;
+    if (first < POLICY_TLS_PLAIN_FIRST_MIN || first > POLICY_TLS_PLAIN_FIRST_MAX)
+        return;
+    tls_free(h->tls);
+    h->tls = NULL;
+    core_refuse(&h->core, policy_tls_plain_head, sizeof policy_tls_plain_head - 1,
+                policy_tls_plain_body, sizeof policy_tls_plain_body - 1);
+}
+
 /* Answer whatever can be answered now; returns ERR_ABRT if the pcb is gone. */
 static err_t pump(struct hconn *h)
 {
@@ -397,6 +423,8 @@ static err_t pump(struct hconn *h)
     uint64_t now = now_ms();
     if (h->lingering)
         return ERR_OK;
+    if (h->tls && !h->sniffed)
+        sniff(h);
     if (h->tls && !h->started && start_tls(h, now) <= 0)
         return ERR_OK;
     if (h->h2)
@@ -562,7 +590,7 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->accepted = now_ms();
     h->tls = NULL;
     h->h2 = NULL;
-    h->started = h->plain_eof = 0;
+    h->started = h->plain_eof = h->sniffed = 0;
     if (arg == &tls_port && !(h->tls = tls_new(pcb, &h->in, &h->peer_eof))) {
         h->used = 0; /* the TLS heap is full: refuse, as the PCB pool refuses SYNs */
         tcp_abort(pcb);
