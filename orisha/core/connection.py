@@ -294,16 +294,22 @@ class Connection:
                 if self.discard:
                     break
             # RFC 9112 §2.2: ignore empty lines received before a request-line.
-            if buf[:1] in (b"\r", b"\n"):
+            if buf and (buf[0] == 13 or buf[0] == 10):  # CR, LF
                 self.buf = buf = buf.lstrip(b"\r\n")
             if not buf:
                 break
             end = buf.find(b"\r\n\r\n", 0, head_max)
-            head = buf[:end] if end >= 0 else buf[:head_max]
-            # A bare-LF end of head before the first CRLFCRLF (RFC 9112 §2.2). ``find``, not
-            # ``in``: bytes.__contains__ first tries the operand as an int and raises and
-            # clears a formatted TypeError each time (two per request, seen in perf).
-            if end < 0 or head.find(b"\n\n") >= 0 or head.find(b"\n\r\n") >= 0:
+            plan = None
+            if end >= 0:
+                head = buf[:end]
+                plan = plans.get(head)
+                # A bare-LF end of head before the first CRLFCRLF (RFC 9112 §2.2) is looked
+                # for only when the head is new: a memoised head never contains one (it was
+                # cut at it). ``find``, not ``in``: bytes.__contains__ first tries its operand
+                # as an int and raises and clears a formatted TypeError each time.
+                if plan is None and (head.find(b"\n\n") >= 0 or head.find(b"\n\r\n") >= 0):
+                    end = -1
+            if end < 0:
                 m = _END.search(buf, 0, head_max)
                 if m is None:
                     if cannot_begin(buf, head_max):  # e.g. a TLS ClientHello: no wait
@@ -314,12 +320,12 @@ class Connection:
                     break
                 end, rest = m.start(), m.end()
                 head = buf[:end]
+                plan = plans.get(head)
             else:
                 rest = end + 4
             self.buf = buf[rest:]
             self.since = now
             answered += 1
-            plan = plans.get(head)
             if plan is None:
                 plan = app.plan(head)
             self._emit(plan, tails, head, now)
