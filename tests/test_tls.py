@@ -106,12 +106,10 @@ def test_a_silent_or_slow_handshake_is_dropped(tls_port):
     """head-timeout is 2 s in the suite's servers: a handshake may take no longer."""
     s = socket.create_connection(("127.0.0.1", tls_port), timeout=10)
     s.sendall(b"\x16\x03\x01\x02\x00\x01")  # the first bytes of a ClientHello, then nothing
-    started = time.monotonic()
-    try:
+    try:  # the server closes; our 10 s socket timeout would raise instead
         assert s.recv(100) == b""
     except ConnectionResetError:
         pass
-    assert time.monotonic() - started < 8
     s.close()
 
 
@@ -122,14 +120,12 @@ def test_a_truncated_record_ends_the_connection(tls_port, pki, eof):
     sock.sendall(b"\x17\x03\x03\x40\x00" + b"\0" * 100)  # an application record cut short
     if eof:
         sock.shutdown(socket.SHUT_WR)
-    sock.settimeout(10)
-    started = time.monotonic()
+    sock.settimeout(10)  # the server closes; this timeout would raise instead
     try:
         while sock.recv(65536):
             pass
     except ConnectionResetError:
         pass
-    assert time.monotonic() - started < 8
     sock.close()
     s.close()
 

@@ -636,13 +636,12 @@ def _attacks():
 def test_h2_attacks_get_the_python_layers_answer(vm, tls_pki, name):
     """Every attack of tests/test_h2_attacks.py over TLS: the GOAWAY code h2.py sends,
     and the server closes (not our timeout)."""
-    from test_h2_attacks import ATTACKS, hostile
+    from test_h2_attacks import ATTACKS, hostile_end
     from h2util import goaway_code
     make, code = ATTACKS[name]
-    started = time.monotonic()
-    out = hostile(h2_connect(vm, tls_pki), make())
+    out, closed = hostile_end(h2_connect(vm, tls_pki), make())
     assert goaway_code(out) == code
-    assert time.monotonic() - started < 9
+    assert closed  # by the kernel, not by our timeout
 
 
 @hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -669,13 +668,18 @@ def test_h2_idle_connection_goes_away(vm, tls_pki):
     s.settimeout(10)
     out = b""
     started = time.monotonic()
+    closed = False
     try:
         while chunk := s.recv(65536):
             out += chunk
-    except OSError:  # a reset after the close
+        closed = True
+    except socket.timeout:
         pass
+    except OSError:  # a reset after the close
+        closed = True
     s.close()
-    assert goaway_code(out) == 0 and 2.5 < time.monotonic() - started < 9
+    # Not before the idle timeout (3 s, less a scheduling margin), and by the kernel.
+    assert goaway_code(out) == 0 and closed and time.monotonic() - started > 2.5
 
 
 def test_h2_an_oversized_header_list_gets_431_and_the_connection_lives(vm, tls_pki):
