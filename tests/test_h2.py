@@ -340,6 +340,37 @@ def test_memoised_header_blocks_follow_the_dynamic_table(site, path):
     assert codings == ["gzip", "gzip", "br", "br"]
 
 
+def _variant(site, path: bytes, coding: bytes):
+    return next(v for v in site.routes[path].variants if v.coding == coding)
+
+
+def test_the_build_encodes_every_heads_header_block(builds):
+    """site.py carries each variant's 200 and 304 header blocks (issue 12: encoded by the
+    build), equal to what hpack_blocks makes of the head; and h2 sends the build's bytes:
+    a block changed in the loaded site is what goes out (nothing re-encodes it)."""
+    from hpack import Decoder
+    from orisha.protocols.hpack_blocks import block, field
+    site = load_site(builds["notfound"])
+    v = _variant(site, b"/css/site.css", b"br")
+    assert v.h2 and v.h2 == block(v.head) and v.h2_304 == block(v.head_304)
+    entries = [e for e in site.routes.values() if hasattr(e, "variants")]
+    assert all(x.h2 == block(x.head) and x.h2_304 == block(x.head_304)
+               for e in entries for x in e.variants)
+    marked = _variant(site, b"/css/site.css", b"br")  # a site object no server has used yet
+    marked.h2 += field(b"x-block", b"from-the-build")
+    etag = marked.etag.decode()
+    get = [("accept-encoding", "br")]
+    out, _ = raw(site, [frame(HEADERS, 0x5, 1, request_block("/css/site.css", get)),
+                        frame(HEADERS, 0x5, 3, request_block("/css/site.css",
+                                                             get + [("if-none-match", etag)]))])
+    blocks = [p for t, _, _, p in read_frames(out) if t == HEADERS]
+    d = Decoder()
+    fields = [dict(d.decode(b)) for b in blocks]
+    assert fields[0].get("x-block") == "from-the-build"
+    assert fields[1][":status"] == "304" and "x-block" not in fields[1]
+    assert blocks[0].startswith(marked.h2) and blocks[1].startswith(marked.h2_304)
+
+
 # -- a real site over https/h2: curl, nghttp and Chromium --------------------------------------
 
 REAL = "/usr/share/doc/postgresql-doc-15/html"

@@ -22,12 +22,17 @@ CODING_BITS = {b"identity": IDENTITY, b"gzip": GZIP, b"br": BR, b"zstd": ZSTD}
 
 
 class Variant:
-    """One encoding of a document: heads for 200/HEAD and 304, and the body."""
+    """One encoding of a document: heads for 200/HEAD and 304, and the body.
 
-    __slots__ = ("coding", "bit", "etag", "head", "head_304", "fields", "body", "length")
+    ``h2``/``h2_304``: the HTTP/2 header blocks of the two heads, encoded by the build
+    (orisha/protocols/hpack_blocks.py; empty in builds made before it emitted them)."""
+
+    __slots__ = ("coding", "bit", "etag", "head", "head_304", "fields", "body", "length",
+                 "h2", "h2_304")
 
     def __init__(self, coding: bytes, etag: bytes, fields: bytes, fields_304: bytes,
-                 body, status: bytes = b"200 OK") -> None:
+                 body, status: bytes = b"200 OK", h2: bytes = b"", h2_304: bytes = b"") -> None:
+        self.h2, self.h2_304 = h2, h2_304
         self.coding = coding
         self.bit = CODING_BITS[coding]
         self.etag = etag

@@ -6,8 +6,9 @@ decides nothing about HTTP: each request's pseudo-header and regular fields
 become a synthetic HTTP/1.1 head, and ``App.plan`` — the same ``answer()`` and
 the same memo as HTTP/1.1 — returns the Plan; negotiation, conditionals,
 ranges, routing and limits are therefore one code for both protocols. A Plan
-maps to a HEADERS frame (the head's HPACK block, memoised per head, see
-``hpack_blocks.py``, plus one Date literal per second) and DATA frames that
+maps to a HEADERS frame (the head's HPACK block — encoded by the build for
+every variant's head, memoised for the rest, see ``hpack_blocks.py`` — plus one
+Date literal per second) and DATA frames that
 are memoryview slices of the build's blob: a response is still a lookup and
 a write, never a copy.
 
@@ -131,6 +132,7 @@ class H2Connection:
     def __init__(self, app, now: float, peer: str = "-", preface: bool = True,
                  refuse: bool = False) -> None:
         self.app, self.peer, self.since, self.refuse = app, peer, now, refuse
+        _BLOCKS.take(app.site)  # the header blocks its build encoded (once per site)
         self.buf = b""
         self.out: list = []
         self.out_bytes = 0

@@ -11,25 +11,26 @@ The encoder primitives (integers, Huffman codes, the static table) are the
 
 Blocks are made from the HTTP/1.1 head bytes, not from the site's sources: a
 head is the one description of a response (the core's plans carry it), so the
-HTTP/2 block cannot drift from what HTTP/1.1 sends. ``Blocks`` memoises them
-per worker by the head bytes object (CPython caches a bytes object's hash, so
-the lookup of a build-time head costs a dict probe); heads made per request (a
-206, a redirect that keeps a query) pass through the same bounded memo.
-
-Why on first use rather than in the build: a block is a pure function of its
-head, so where it is computed changes no byte on the wire. Encoding one costs
-~100 µs (measured, a 9-field head); the PostgreSQL docs have ~9,000 heads, so
-emitting blocks would add ~1 s and a second constant per head to every build
-(and change the generated module's format), while on first use a worker pays
-100 µs once per head it actually serves.
+HTTP/2 block cannot drift from what HTTP/1.1 sends. The build encodes the block
+of every variant's 200 and 304 head (orisha/embed/emit.py writes them into
+``site.py`` beside the heads, the unikernel image carries the same bytes), so at
+run time a response's block is a dict probe by the head bytes object (CPython
+caches a bytes object's hash). Heads made per request — a 206, a redirect that
+keeps the query, the built-in error pages — are encoded on first use and kept
+in a bounded memo. Encoding costs ~100 µs a head (the hpack library's Huffman
+coder in Python): ~1 s more for a build of the PostgreSQL docs' ~9,000 heads.
 """
 
 from __future__ import annotations
+
+import functools
 
 from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
+
+from ..core.site import Entry, Rules
 
 _STATIC = HeaderTable.STATIC_TABLE
 _INDEXED: dict[tuple[bytes, bytes], int] = {}
@@ -54,6 +55,7 @@ def _string(s: bytes) -> bytes:
     return bytes(encode_integer(len(s), 7)) + s
 
 
+@functools.lru_cache(maxsize=16384)  # a site's heads repeat most fields (types, caching, Vary)
 def field(name: bytes, value: bytes) -> bytes:
     """One field: a static-table index, else a literal without indexing (§6.2.2)."""
     i = _INDEXED.get((name, value))
@@ -86,17 +88,51 @@ def date_field(http_date: bytes) -> bytes:
 
 
 class Blocks:
-    """Head bytes → header block, memoised; bounded so per-request heads cannot grow it."""
+    """Head bytes → header block: the build's blocks of a site, then a memo of the rest,
+    bounded so per-request heads cannot grow it."""
 
-    __slots__ = ("memo",)
+    __slots__ = ("built", "site", "memo")
 
     def __init__(self) -> None:
+        self.built: dict[bytes, bytes] = {}
+        self.site = None
         self.memo: dict[bytes, bytes] = {}
 
+    def take(self, site) -> None:
+        """Use the blocks ``site``'s build encoded (once per site object)."""
+        if site is self.site:
+            return
+        self.site, self.built = site, {}
+        for v in _variants(site):
+            if v.h2:
+                self.built[v.head] = v.h2
+                self.built[v.head_304] = v.h2_304
+
     def get(self, head: bytes) -> bytes:
-        b = self.memo.get(head)
+        b = self.built.get(head)
         if b is None:
-            if len(self.memo) >= _MEMO_MAX:
-                self.memo.clear()
-            b = self.memo[head] = block(head)
+            b = self.memo.get(head)
+            if b is None:
+                if len(self.memo) >= _MEMO_MAX:
+                    self.memo.clear()
+                b = self.memo[head] = block(head)
         return b
+
+
+def _variants(site):
+    """Every variant of every document a site can answer with (routes, rules, error pages)."""
+    entries = [site.not_found, site.fallback]
+    rules = list(site.rules)
+    for target in site.routes.values():
+        if target.__class__ is Entry:
+            entries.append(target)
+        elif target.__class__ is Rules:  # a route whose rules have query conditions
+            entries.append(target.default)
+            rules.extend(target.rules)
+    for rule in rules:
+        entries.extend(rule.entries.values())  # the documents of its 404 rules
+    seen = set()
+    for e in entries:
+        if e.__class__ is Entry and id(e) not in seen:
+            seen.add(id(e))
+            yield from e.variants
