@@ -67,7 +67,14 @@ class Server:
 
     @staticmethod
     def cmd(build: str, *args: str) -> list[str]:
-        return [*orisha_cmd(args), "serve", build, "--port", "0", *args]
+        """``--loop NAME-pure`` (the PURE targets) serves with the .py loop body and core:
+        ORISHA_PURE=1 is set in the server before Orisha is imported."""
+        args, prelude = list(args), ""
+        if "--loop" in args and args[args.index("--loop") + 1] in PURE:
+            i = args.index("--loop") + 1
+            args[i] = args[i].removesuffix("-pure")
+            prelude = "import os; os.environ['ORISHA_PURE'] = '1'; "
+        return [*orisha_cmd(args, prelude), "serve", build, "--port", "0", *args]
 
     @classmethod
     def attach(cls, proc: subprocess.Popen) -> "Server":

@@ -233,3 +233,23 @@ def test_release_drops_the_blob_pages_from_the_process(tmp_path):
     assert blob_kib() > 0
     blob.release()
     assert blob_kib() == 0
+
+
+@needs_compiled
+@pytest.mark.parametrize("loop", ["epoll", "epoll-pure"])
+def test_the_pure_targets_serve_with_no_compiled_module(tmp_path, loop):
+    """The suite's PURE targets (conftest ``Server`` with ``--loop NAME-pure``) run the .py
+    loop body and core in the workers; the others the compiled ones (their maps say)."""
+    out = str(tmp_path / "o")
+    assert orisha("build", DEMO, "-o", out).returncode == 0
+    s = Server(out, "--loop", loop, "--workers", "1")
+    try:
+        assert Conn(s.port).request("/").status == 200
+        worker = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                text=True).stdout.split()[0]
+        maps = open(f"/proc/{worker}/maps").read()
+        compiled = loop == "epoll"
+        assert ("compiled_epoll" in maps) == compiled
+        assert ("core/connection.cpython" in maps) == compiled
+    finally:
+        assert s.stop() == 0

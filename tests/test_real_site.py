@@ -13,7 +13,7 @@ import os
 import brotli
 import pytest
 import zstandard
-from conftest import LOOPS, Server, orisha
+from conftest import LOOPS, PURE, Server, orisha
 from httpraw import Conn
 
 from orisha.server import load_site
@@ -41,7 +41,7 @@ def site_files(root: str = REAL):
     return sorted(out)
 
 
-@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("loop", LOOPS + PURE)
 def test_real_site_byte_identical_in_every_encoding(real_build, loop):
     files = site_files()
     assert len(files) > 1000

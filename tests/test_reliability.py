@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from conftest import DEMO, LOOPS, ROOT, Server, demo_file, orisha
+from conftest import DEMO, LOOPS, PURE, ROOT, Server, demo_file, orisha
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from httpraw import Conn, exchange, split_responses
@@ -125,7 +125,7 @@ def test_random_bytes_over_a_socket(port, chunks):
 
 # -- process-level: hosted loops only -------------------------------------------------
 
-@pytest.fixture(params=LOOPS)
+@pytest.fixture(params=LOOPS + PURE)  # the compiled bodies and core, and the pure ones
 def hosted(request, builds):
     return request.param
 
