@@ -23,8 +23,12 @@ tests/test_unikernel_tls.py:
   ids, its connection WINDOW_UPDATE total and whether it closed.
 
   Not compared, as RFC 9113 leaves them to the sender: the raw HPACK bytes
-  (h2.py Huffman-codes literals when shorter, h2.c never does; both use no
-  dynamic table, README "HTTPS and HTTP/2" and unikernel/README.md), how DATA
+  (for a head the build stored both send the build's block, but h2.c encodes
+  the Date field and the heads made per request — a 206, a redirect keeping
+  the query — without Huffman, where h2.py Huffman-codes literals when shorter;
+  both use no dynamic table, README "HTTPS and HTTP/2" and
+  unikernel/README.md; the raw bytes of stored heads are tested on their own
+  below, ``test_h2_response_blocks_are_the_builds``), how DATA
   and header blocks are cut into frames, and the order of frames across
   streams. What depends only on timing is not compared either (see
   ``_observe``): streams the client itself reset (§6.4, §5.1 "closed": frames
@@ -41,6 +45,11 @@ tests/test_unikernel_tls.py:
   past them h2.c answers REFUSED_STREAM, which §8.7 makes safe to retry).
   A deliberately broken h2.c (uppercase field names accepted, §8.2.1) made 7
   of the demo's first 300 connections differ.
+
+- **The build's header blocks.** For a head the image stores (a variant's 200
+  and 304, a 416, the error pages, a redirect without a query), the raw
+  HEADERS payload is ``hpack_blocks.block`` of that head as ``load_site(OUT)``
+  gives it — the hosted server's bytes — then one Date field.
 
 - **A real documentation site byte-identical over h2 from the image.**
   Debian's python-panoramisk-doc (its scripts symlinks into
@@ -356,6 +365,98 @@ def _run(pair: _Pair, pki, cases: list[Case]) -> None:
           f"{sum(bool(w['conn']['goaway']) for w, _ in results)} with a GOAWAY, "
           f"{len(timed_out)} reached the deadline on both")
 
+
+# -- the image's response header blocks are the build's -----------------------------------------
+
+def _heads(port: int, pki, requests: list) -> list[tuple[bytes, int]]:
+    """Each request (method, path, fields) on its own stream of one connection: the raw
+    payload of its response's HEADERS frame (always one frame with END_HEADERS from either
+    server, never padded) and the frame's flags, in request order."""
+    enc = Encoder()
+    case = Case()
+    case.data += settings_frame([])
+    for i, (method, path, fields) in enumerate(requests):
+        sid = 2 * i + 1
+        hs = [(":method", method), (":scheme", "https"), (":authority", "localhost"),
+              (":path", path), *fields.items()]
+        case.data += frame(HEADERS, END_HEADERS | END_STREAM, sid, enc.encode(hs))
+        case.expect.add(sid)
+    got = _exchange(port, client_context(pki, ("h2",)), case)
+    assert not got["timed_out"] and not got["eof"], got
+    heads = {sid: (p, fl) for t, fl, sid, p in got["frames"] if t == HEADERS}
+    assert all(fl & END_HEADERS for _, fl in heads.values())
+    return [heads[2 * i + 1] for i in range(len(requests))]
+
+
+def _date_only(rest: bytes) -> bytes:
+    """The date value of ``rest``, which must be the one field after a stored block."""
+    fields = Decoder().decode(rest, raw=True)
+    assert [k for k, _ in fields] == [b"date"], fields
+    return fields[0][1]
+
+
+def _check_blocks(vm_port: int, pki, cases: list, hosted_port: int | None = None) -> None:
+    """``cases``: (request, the build's block). The image's HEADERS payload is the block,
+    then one ``date`` field: a literal without indexing on the static name (index 33), the
+    value not Huffman-coded — where it may differ from the hosted server's, which Huffman-codes
+    it when shorter (hpack_blocks.date_field); decoded they are the same kind of IMF-fixdate.
+    With ``hosted_port``, the hosted server's payload is the same block and its date field."""
+    from orisha.protocols.hpack_blocks import date_field
+    requests = [r for r, _ in cases]
+    got = _heads(vm_port, pki, requests)
+    hosted = _heads(hosted_port, pki, requests) if hosted_port else [None] * len(cases)
+    for (req, want), (payload, _), py in zip(cases, got, hosted):
+        assert payload[:len(want)] == want, (req, payload, want)
+        rest = payload[len(want):]
+        date = _date_only(rest)
+        assert len(date) == 29 and date.endswith(b" GMT"), date
+        assert rest == b"\x0f\x12" + bytes([len(date)]) + date, rest  # h2.c: no Huffman
+        if py is not None:
+            assert py[0][:len(want)] == want, (req, py[0], want)
+            py_date = _date_only(py[0][len(want):])
+            assert py[0][len(want):] == date_field(py_date), py[0]  # h2.py: Huffman-coded
+
+
+def test_h2_response_blocks_are_the_builds(demo_pair, pki):
+    """The raw HEADERS payload the image sends for a stored head (a variant's 200 and 304 in
+    identity, gzip and br, a HEAD, the not-found document, a 416, the built-in 405 and
+    406 pages, a redirect without a query) starts with exactly ``hpack_blocks.block`` of the
+    head ``load_site(OUT)`` holds, the bytes the hosted server sends, then its Date field; a
+    head made per request (a 206, a redirect keeping the query) is still encoded by h2.c and
+    decodes to the hosted server's fields."""
+    from orisha.core.connection import ERRORS
+    from orisha.protocols.hpack_blocks import block
+    site = load_site(demo_pair.out)
+    css, big = site.routes[b"/css/site.css"], site.routes[b"/files/big.txt"]
+    codings = {v.coding for v in css.variants}
+    assert {b"identity", b"gzip", b"br"} <= codings, codings
+    cases = []
+    for v in css.variants:
+        ae = {"accept-encoding": v.coding.decode()}
+        cases += [(("GET", "/css/site.css", ae), block(v.head)),
+                  (("HEAD", "/css/site.css", ae), block(v.head)),
+                  (("GET", "/css/site.css", {**ae, "if-none-match": v.etag.decode()}),
+                   block(v.head_304))]
+        if getattr(v, "h2", b""):  # the hosted server's generated module carries the same bytes
+            assert (v.h2, v.h2_304) == (block(v.head), block(v.head_304))
+    nf = site.not_found.identity
+    docs = site.routes[b"/docs"]
+    cases += [(("GET", "/nope", {"accept-encoding": "identity"}), block(nf.head)),
+              (("GET", "/files/big.txt", {"range": "bytes=99999999-"}), block(big.head_416)),
+              (("POST", "/", {}), block(ERRORS[405][0])),
+              (("GET", "/css/site.css", {"accept-encoding": "identity;q=0, *;q=0"}),
+               block(ERRORS[406][0])),
+              (("GET", "/docs", {}), block(docs.location + docs.tail))]
+    _check_blocks(demo_pair.uk.port, pki, cases, demo_pair.py.port)
+    # heads made per request: a 206 and a redirect that keeps the query
+    per_request = [("GET", "/files/big.txt", {"range": "bytes=0-9"}), ("GET", "/docs?a=1&b", {})]
+    for payload_uk, payload_py in zip(_heads(demo_pair.uk.port, pki, per_request),
+                                      _heads(demo_pair.py.port, pki, per_request)):
+        uk, py = (Decoder().decode(p, raw=True) for p, _ in (payload_uk, payload_py))
+        assert [f for f in uk if f[0] != b"date"] == [f for f in py if f[0] != b"date"]
+    uk = dict(Decoder().decode(_heads(demo_pair.uk.port, pki, per_request[:1])[0][0], raw=True))
+    assert uk[b":status"] == b"206" and uk[b"content-range"] == b"bytes 0-9/%d" % len(big.identity.body)
+    assert uk[b"content-length"] == b"10"
 
 
 # -- the generator ------------------------------------------------------------------------------
@@ -846,3 +947,25 @@ def test_curl_gets_doc_pages_over_h2_from_the_image(docs_image, pki, tmp_path):
     assert r.stdout.decode().splitlines() == ["2 200 0"] * len(DOC_PAGES)
     for i, page in enumerate(DOC_PAGES):
         assert (tmp_path / f"{i}").read_bytes() == open(os.path.join(DOCS, page), "rb").read(), page
+
+
+def test_docs_response_blocks_are_the_builds(docs_image, pki):
+    """The docs image's HEADERS for a 200 and a 304 of files in identity, gzip and br start
+    with ``hpack_blocks.block`` of the heads ``load_site(OUT)`` holds (then the Date field)."""
+    from test_real_site import site_files
+
+    from orisha.protocols.hpack_blocks import block
+    site = load_site(docs_image.out)
+    cases, seen = [], set()
+    for rel in site_files(DOCS):
+        entry = site.routes[("/" + rel).encode()]
+        codings = {v.coding for v in entry.variants}
+        if not {b"gzip", b"br"} <= codings or len(seen) >= 4:
+            continue
+        seen.add(rel)
+        for v in entry.variants:
+            ae = {"accept-encoding": v.coding.decode()}
+            cases += [(("GET", "/" + rel, ae), block(v.head)),
+                      (("GET", "/" + rel, {**ae, "if-none-match": v.etag.decode()}), block(v.head_304))]
+    assert len(seen) == 4, seen
+    _check_blocks(docs_image.port, pki, cases)

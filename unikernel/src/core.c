@@ -1202,16 +1202,30 @@ static void seg(struct core_conn *c, const void *p, size_t len, int copy)
 {
     if (!len)
         return;
+    if (!c->resp.n)
+        c->resp.h2_len = 0; /* a new plan: no stored block unless its planner names one */
     ASSERT(c->resp.n < CORE_SEGS && len <= 0xffffffffu);
     c->resp.seg[c->resp.n++] = (struct core_seg){ p, (uint32_t)len, (uint8_t)copy };
 }
 
-/* _emit: head, Date/Connection tail, body; `fatal` drops the unparsed input. */
-static void emit(struct core_conn *c, const uint8_t *head, size_t head_len, int kind,
-                 const uint8_t *body, size_t body_len, int close, int fatal)
+/* The stored HTTP/2 header block (core_resp.h2) of the first `head` bytes of the plan
+ * just started. */
+static void stored_block(struct core_conn *c, uint32_t off, uint32_t len, size_t head)
+{
+    c->resp.h2 = img + off;
+    c->resp.h2_len = len;
+    c->resp.h2_head = (uint32_t)head;
+}
+
+/* _emit: head, Date/Connection tail, body; `fatal` drops the unparsed input.
+ * `h2_off`/`h2_len`: the head's stored HTTP/2 block (0, 0: none). */
+static void emit(struct core_conn *c, const uint8_t *head, size_t head_len, uint32_t h2_off,
+                 uint32_t h2_len, int kind, const uint8_t *body, size_t body_len, int close,
+                 int fatal)
 {
     make_tail(c, kind);
     seg(c, head, head_len, 0);
+    stored_block(c, h2_off, h2_len, head_len);
     seg(c, c->tail, tails_len[kind], 1);
     seg(c, body, body_len, 0);
     if (close) {
@@ -1234,7 +1248,8 @@ static void emit_error(struct core_conn *c, int status)
 {
     const struct image_error *e = error_for((uint32_t)status);
     ASSERT(is_fatal(status));
-    emit(c, img + e->head_off, e->head_len, CLOSE, img + e->body_off, e->body_len, 1, 1);
+    emit(c, img + e->head_off, e->head_len, e->h2_off, e->h2_len, CLOSE, img + e->body_off,
+         e->body_len, 1, 1);
     c->discard = 0;
 }
 
@@ -1389,6 +1404,9 @@ static void emit_redirect(struct core_conn *c, const struct request *r, const st
     if (r->has_query && ((rule ? rule->flags : t->route->flags) & IMAGE_ROUTE_QUERY)) {
         seg(c, "?", 1, 0);
         seg(c, r->query.p, r->query.n, 1);
+    } else if (!rule) { /* the head is the route's own: location and tail */
+        stored_block(c, t->route->h2_off, t->route->h2_len,
+                     (size_t)t->route->location_len + t->route->tail_len);
     }
     seg(c, img + (rule ? rule->tail_off : t->route->tail_off),
         rule ? rule->tail_len : t->route->tail_len, 0);
@@ -1466,7 +1484,8 @@ static int answer_range(struct core_conn *c, const struct request *r, const stru
     int got = mem_chr(v.p, ',', v.n) ? range_set(v, id->body_len, parts, &n)
                                      : byte_range(v, id->body_len, &parts[0].first, &parts[0].last);
     if (got < 0)
-        emit(c, img + e->head_416_off, e->head_416_len, kind, NULL, 0, close, 0);
+        emit(c, img + e->head_416_off, e->head_416_len, e->h2_416_off, e->h2_416_len, kind,
+             NULL, 0, close, 0);
     else if (got && n == 1)
         emit_206(c, id, parts[0].first, parts[0].last, kind, close);
     else if (got)
@@ -1483,7 +1502,8 @@ static int conditional(struct core_conn *c, const struct request *r, const struc
     int64_t t;
     if (r->n_list[FIELD_IF_NONE_MATCH] ? none_match(r, (struct str){ img + v->etag_off, v->etag_len })
         : r->present[FIELD_IF_MODIFIED_SINCE] && ims.n && core_parse_http_date(ims.p, ims.n, &t) && lm <= t) {
-        emit(c, img + v->head_304_off, v->head_304_len, kind, NULL, 0, close, 0);
+        emit(c, img + v->head_304_off, v->head_304_len, v->h2_304_off, v->h2_304_len, kind,
+             NULL, 0, close, 0);
         return 1;
     }
     if (!ranged || !r->present[FIELD_RANGE] || !r->single[FIELD_RANGE].n || !if_range(r, e, lm))
@@ -1498,7 +1518,7 @@ static void answer_entry(struct core_conn *c, const struct request *r, const str
     int mask = accept_encoding_mask(r);
     if (e->choice[mask] == IMAGE_NO_VARIANT) {
         const struct image_error *er = error_for(406);
-        emit(c, img + er->head_off, er->head_len, kind, img + er->body_off,
+        emit(c, img + er->head_off, er->head_len, er->h2_off, er->h2_len, kind, img + er->body_off,
              get ? er->body_len : 0, close, 0);
         return;
     }
@@ -1506,8 +1526,8 @@ static void answer_entry(struct core_conn *c, const struct request *r, const str
     if ((e->flags & IMAGE_ENTRY_CONDITIONAL) &&
         conditional(c, r, e, v, get && (mask & CODING_IDENTITY), kind, close))
         return;
-    emit(c, img + v->head_off, v->head_len, kind, img + v->body_off, get ? v->body_len : 0,
-         close, 0);
+    emit(c, img + v->head_off, v->head_len, v->h2_off, v->h2_len, kind, img + v->body_off,
+         get ? v->body_len : 0, close, 0);
 }
 
 /* answer(): the response for one complete head (without its final empty line). */
@@ -1525,7 +1545,8 @@ static void answer(struct core_conn *c, const uint8_t *head, size_t n)
     }
     if (!IN_LIST(r->method, policy_safe_methods)) {
         const struct image_error *e = error_for(IN_LIST(r->method, policy_known_methods) ? 405 : 501);
-        emit(c, img + e->head_off, e->head_len, kind, img + e->body_off, e->body_len, close, 0);
+        emit(c, img + e->head_off, e->head_len, e->h2_off, e->h2_len, kind, img + e->body_off,
+             e->body_len, close, 0);
         return;
     }
     struct target t;
@@ -1707,6 +1728,6 @@ void core_refuse(struct core_conn *c, const void *head, size_t head_len,
                  const void *body, size_t body_len)
 {
     c->resp.n = 0; /* a 503 planned at connect is not sent */
-    emit(c, head, head_len, CLOSE, body, body_len, 1, 1);
+    emit(c, head, head_len, 0, 0, CLOSE, body, body_len, 1, 1);
     c->discard = 0;
 }

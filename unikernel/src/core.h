@@ -56,6 +56,14 @@ _Static_assert(CORE_DYN_MAX >= POLICY_RANGE_PARTS_MAX * 64 + 32, "multipart part
 struct core_resp {
     struct core_seg seg[CORE_SEGS];
     uint8_t n;               /* 0: no response pending */
+    /* When the response starts with a head the image stores (a variant's 200 or 304,
+     * a 416, an error page, a redirect without a query): its HTTP/2 header block,
+     * encoded by the build (image.py, hpack_blocks.block) and stored beside it, and
+     * h2_head, the bytes of that head (the segments' first bytes; its field lines,
+     * each with its CRLF). h2_len 0: a head made per request (a 206, a redirect with
+     * a query or captures), which h2.c converts. */
+    const uint8_t *h2;
+    uint32_t h2_len, h2_head;
 };
 
 struct core_conn {

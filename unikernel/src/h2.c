@@ -3,9 +3,12 @@
  * Python layer (orisha/protocols/h2.py) from the same core: a request's header
  * block becomes the HTTP/1.1 head the core plans from (its pseudo-headers the
  * request line and Host, cookie crumbs joined, RFC 9113 §8.3), and the planned
- * response's head becomes a header block of static-table indexes and literals
- * without indexing (no dynamic table, as hpack_blocks.py), its body DATA frames
- * that point into the image.
+ * response's head is sent as the header block the build stored beside it in the
+ * image (hpack_blocks.block: static-table indexes and literals without indexing,
+ * Huffman-coded where shorter, no dynamic table, the hosted server's bytes),
+ * followed by the Date field; a head made per request (a 206, a redirect with a
+ * query) is converted here the same way but without Huffman. Its body goes in
+ * DATA frames that point into the image.
  *
  * Requests are decoded at once (HPACK state is shared by the whole connection)
  * and wait as heads in a bounded queue (one that does not fit gets
@@ -1168,13 +1171,26 @@ static void add_seg(struct h2 *h, const uint8_t *p, uint32_t len)
 }
 
 /* The header block of the head in resp_buf (status line, field lines), written at
- * obuf + o: its end, or 0 when it does not fit. Names lowercased, connection
- * fields dropped (hpack_blocks.block). */
+ * obuf + o: its end, or 0 when it does not fit. When the core planned a head the
+ * image stores (its first core_resp.h2_head bytes), the build's block of it
+ * (core_resp.h2) and then the lines after it (the Date and Connection tail); else
+ * the whole head converted here: names lowercased, connection fields dropped
+ * (hpack_blocks.block). */
 static uint32_t encode_head(struct h2 *h, long head, uint32_t o)
 {
     uint8_t *b = h->obuf;
-    o += enc_field(b + o, (const uint8_t *)":status", 7, resp_buf + 9, 3);
-    for (long at = 0; at < head;) {
+    const struct core_resp *r = &h->core->resp;
+    long at = 0;
+    if (r->h2_len && r->h2_head <= (uint64_t)head + 2) {
+        if (o + r->h2_len > OBUF_CAP)
+            return 0;
+        memcpy(b + o, r->h2, r->h2_len);
+        o += r->h2_len;
+        at = r->h2_head; /* the stored head ends with its last line's CRLF */
+    } else {
+        o += enc_field(b + o, (const uint8_t *)":status", 7, resp_buf + 9, 3);
+    }
+    while (at < head) {
         const uint8_t *line = resp_buf + at, *eol = resp_buf + head;
         for (const uint8_t *q = line; q + 1 < resp_buf + head; q++)
             if (q[0] == '\r' && q[1] == '\n') {

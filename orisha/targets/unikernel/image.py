@@ -19,7 +19,11 @@ conditions, rule indices). Routes are sorted by key bytes; a redirect's
 it and ``tail`` when ``flags`` has ``ROUTE_QUERY``. An entry's
 ``choice[mask]`` is the variant for an Accept-Encoding mask (``NO_VARIANT``:
 406); its ``multi_fields`` and ``part_type`` and the header's multipart
-strings (from ``Site.boundary``) frame a multipart/byteranges 206.
+strings (from ``Site.boundary``) frame a multipart/byteranges 206. Beside
+each stored head (a variant's 200 and 304, an entry's 416, an error page, a
+route's redirect without its query) is its HTTP/2 header block,
+``hpack_blocks.block(head)``: the bytes the hosted server sends, which h2.c
+sends too (the core names it with its plan, ``core_resp.h2``).
 
 Run-time ``_redirects`` rules (``matcher.match``) travel as records: a
 pattern and a destination as pieces (text, ``:name``, ``*``; text and
@@ -45,9 +49,10 @@ from ...core.site import CODING_BITS, REDIRECTS, Entry, Redirect, Variant
 from ...embed.assemble import Document
 from ...embed.emit import boundary
 from ...errors import BuildError
+from ...protocols.hpack_blocks import block
 
 MAGIC = 0x4953524F  # "ORSI"
-VERSION = 3
+VERSION = 4
 NONE = 0xFFFFFFFF   # no such entry (the header's fallback), no such capture slot
 NO_VARIANT = 0xFF   # an entry's choice for a mask nothing acceptable answers: 406
 # A route's kind: an entry, a redirect, or (a ``Rules`` route whose rules all fail and
@@ -107,14 +112,18 @@ HEADER = Record("header", ("magic", "u32"), ("version", "u32"), ("size", "u32"),
                 ("not_found", "u32"), ("fallback", "u32"), ("rules", "table"),
                 ("site_rules", "table"), ("multi_head", "span"), ("delimiter", "span"),
                 ("close_delimiter", "span"))
-ERROR = Record("error", ("status", "u32"), ("head", "span"), ("body", "span"))
+# ``h2``, ``h2_304``, ``h2_416``: the HTTP/2 header block of the head beside it
+# (``hpack_blocks.block``, the bytes the hosted server's site.py carries), which h2.c
+# sends in place of converting the head; a route's is its redirect's without a query.
+ERROR = Record("error", ("status", "u32"), ("head", "span"), ("body", "span"), ("h2", "span"))
 VARIANT = Record("variant", ("head", "span"), ("head_304", "span"), ("fields", "span"),
-                 ("etag", "span"), ("body", "span"))
+                 ("etag", "span"), ("body", "span"), ("h2", "span"), ("h2_304", "span"))
 ENTRY = Record("entry", ("last_modified", "i64"), ("flags", "u32"), ("identity", "u32"),
                ("head_416", "span"), ("variants", "table"), ("choice", "choice"),
-               ("multi_fields", "span"), ("part_type", "span"))
+               ("multi_fields", "span"), ("part_type", "span"), ("h2_416", "span"))
 ROUTE = Record("route", ("key", "span"), ("kind", "u32"), ("entry", "u32"),
-               ("location", "span"), ("tail", "span"), ("flags", "u32"), ("rules", "table"))
+               ("location", "span"), ("tail", "span"), ("flags", "u32"), ("rules", "table"),
+               ("h2", "span"))
 RULE = Record("rule", ("status", "u32"), ("flags", "u32"), ("slots", "u32"), ("path", "table"),
               ("query", "table"), ("to", "table"), ("location", "span"), ("tail", "span"),
               ("entries", "table"))
@@ -204,20 +213,28 @@ class _Image:
         return out
 
 
+def _h2(put, head: bytes) -> tuple[int, int]:
+    """The stored HTTP/2 header block of a stored head (none for no head)."""
+    return put(block(bytes(head))) if head else (0, 0)
+
+
 def _documents(img: _Image, entries: list[Entry]) -> None:
     """The error pages, and every entry with its variants."""
     put = img.data.put
-    img.add("errors", [dict(status=status, head=put(ERRORS[status][0]), body=put(ERRORS[status][1]))
+    img.add("errors", [dict(status=status, head=put(ERRORS[status][0]), body=put(ERRORS[status][1]),
+                            h2=_h2(put, ERRORS[status][0]))
                        for status in sorted(ERRORS)])
     for e in entries:
         variants = img.add("variants", [
             dict(head=put(v.head), head_304=put(v.head_304), fields=put(v.fields),
-                 etag=put(v.etag), body=put(v.body)) for v in e.variants])
+                 etag=put(v.etag), body=put(v.body), h2=_h2(put, v.head),
+                 h2_304=_h2(put, v.head_304)) for v in e.variants])
         img.add("entries", [dict(
             last_modified=e.last_modified, flags=ENTRY_CONDITIONAL if e.conditional else 0,
             identity=e.variants.index(e.identity), head_416=put(e.head_416), variants=variants,
             choice=bytes(NO_VARIANT if c is None else e.variants.index(c) for c in e.choice),
-            multi_fields=put(e.multi_fields), part_type=put(e.part_type))])
+            multi_fields=put(e.multi_fields), part_type=put(e.part_type),
+            h2_416=_h2(put, e.head_416))])
 
 
 def _multipart(put, boundary: bytes) -> dict:
@@ -234,7 +251,7 @@ def _multipart(put, boundary: bytes) -> dict:
 def _route(img: _Image, key: bytes, value, index: dict[str, int], rules) -> dict:
     """One route record: an entry, a redirect, or rules tried first (``Rules``)."""
     row = dict(key=img.data.put(key), kind=ROUTE_NONE, entry=0, location=(0, 0), tail=(0, 0),
-               flags=0, rules=(0, 0))
+               flags=0, rules=(0, 0), h2=(0, 0))
     if value is not None and value[0] == "rules":
         pending, value = value[1]
         row["rules"] = img.add("indices", [dict(rule=rules.index(r)) for r in pending])
@@ -246,7 +263,8 @@ def _route(img: _Image, key: bytes, value, index: dict[str, int], rules) -> dict
     else:
         r = Redirect(*v)  # (location, status, query kept): orisha/embed/assemble.py
         row.update(kind=ROUTE_REDIRECT, location=img.data.put(r.location),
-                   tail=img.data.put(r.tail), flags=ROUTE_QUERY if r.query else 0)
+                   tail=img.data.put(r.tail), flags=ROUTE_QUERY if r.query else 0,
+                   h2=_h2(img.data.put, r.location + r.tail))  # sent when no query is kept
     return row
 
 
