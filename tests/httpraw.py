@@ -119,6 +119,18 @@ def exchange(port: int, data: bytes | list[bytes], timeout: float = 10.0) -> byt
         s.close()
 
 
+def read_to_close(sock, resets: type[BaseException] | tuple = ()) -> bytes:
+    """Everything ``sock`` receives until the peer closes; ``resets``: exceptions that
+    also end the read (a reset after the server's close), with what came before."""
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except resets:
+        pass
+    return out
+
+
 def split_responses(data: bytes) -> list[tuple[int, dict, bytes]]:
     """Parse a byte stream of responses to non-HEAD requests."""
     out = []

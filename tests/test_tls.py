@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from conftest import DEMO, TEST_LIMITS, demo_file, orisha
-from httpraw import Conn
+from httpraw import Conn, read_to_close
 from tlsutil import (_stop_servers, client_context, hosted, pki, serve, tls_connect,  # noqa: F401
                      h2c_port, tls_port, tls_server)
 
@@ -67,9 +67,7 @@ def test_versions_and_alpn(tls_port, pki, version, alpn, expect):
         assert s.selected_alpn_protocol() == expect
         if expect != "h2":  # HTTP/1.1 inside TLS
             s.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
+            data = read_to_close(s)
             assert data.startswith(b"HTTP/1.1 200 OK\r\n")
             assert data.endswith(demo_file("css/site.css"))
     finally:
@@ -248,12 +246,7 @@ def test_a_client_hello_on_the_plain_port_gets_400(h2c_port, pki):
         client.do_handshake()
     s = socket.create_connection(("127.0.0.1", h2c_port), timeout=10)
     s.sendall(cout.read())
-    data = b""
-    try:
-        while chunk := s.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
+    data = read_to_close(s, ConnectionResetError)
     s.close()
     assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
 

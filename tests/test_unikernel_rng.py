@@ -27,6 +27,7 @@ import threading
 
 import pytest
 from conftest import DEMO, demo_file
+from httpraw import read_to_close
 from tlsutil import client_context, make_pki
 from unikernel_target import build
 
@@ -109,10 +110,7 @@ def https_get(vm: Vm, pki, path: str = "/css/site.css") -> bytes:
     with socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT) as raw, \
             ctx.wrap_socket(raw, server_hostname="localhost") as s:
         s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data
+        return read_to_close(s)
 
 
 def test_orisha_boot_gives_the_guest_a_virtio_rng():

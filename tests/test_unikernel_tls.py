@@ -37,6 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 from conftest import DEMO, MODES, ROOT, TEST_LIMITS, demo_file, orisha
+from httpraw import read_to_close
 from tlsutil import client_context, make_pki, serve
 from unikernel_target import build
 
@@ -303,9 +304,7 @@ def test_versions_and_alpn(vm, tls_pki, version):
         assert s.version() == f"TLSv{version}"
         assert s.selected_alpn_protocol() == "http/1.1"
         s.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+        data = read_to_close(s)
     assert data.startswith(b"HTTP/1.1 200 OK\r\n")
     assert data.endswith(demo_file("css/site.css"))
 
@@ -542,12 +541,7 @@ def test_over_the_connection_limit_tls_answers_503_and_h2_goes_away(tls_pki):
         block = Encoder().encode([(":method", "GET"), (":path", "/"), (":scheme", "https"),
                                   (":authority", "x")])
         s.sendall(PREFACE + settings() + frame(HEADERS, 0x5, 1, block))
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except OSError:  # a reset after the close
-            pass
+        out = read_to_close(s, OSError)  # or a reset after the close
         heads = [p for t, _, _, p in read_frames(out) if t == HEADERS]
         assert dict(Decoder().decode(heads[0]))[":status"] == "503"
         assert goaway_code(out) == 0
@@ -696,12 +690,7 @@ def test_h2_a_bad_preface_is_a_protocol_error(vm, tls_pki):
     from h2util import goaway_code
     s = h2_connect(vm, tls_pki)
     s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    out = b""
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except OSError:  # a reset after the GOAWAY
-        pass
+    out = read_to_close(s, OSError)  # or a reset after the GOAWAY
     assert goaway_code(out) == 1  # PROTOCOL_ERROR
 
 

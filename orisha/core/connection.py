@@ -26,7 +26,7 @@ from typing import NamedTuple
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .outgoing import consume
-from .policy import (ALLOW, ERROR_PAGES, FATAL, KNOWN_METHODS, LINGER, REASONS, SAFE_METHODS,
+from .policy import (ALLOW, ERROR_PAGES, KNOWN_METHODS, LINGER, REASONS, SAFE_METHODS,
                      STATS_SLOTS, Limits, Stat)
 from .request import HttpError, cannot_begin, parse_head
 from .matcher import match as match_rules

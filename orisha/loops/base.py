@@ -61,6 +61,29 @@ ANSWERED, FRESH, LATE = 0, 1, 2
 BACKLOG = 4096  # listen(2) backlog of every listener (orisha/server.py opens them)
 
 
+def last_accepts(listener: socket.socket):
+    """The descriptors still queued on ``listener`` after a stop, then the listener closed.
+
+    For the io_uring bodies, once their accept has ended: io_uring arms an accept's poll
+    with EPOLLEXCLUSIVE (its op table marks IORING_OP_ACCEPT poll_exclusive), so a
+    connection wakes one waiter only; when that was our accept and the cancel ended it
+    first, the next generation's accept on the same listener is never woken and the
+    connection would wait until another arrives (seen as a hung client at one reload in
+    twenty). The caller serves each as late (above). At most a backlog's worth: those
+    queued before the cancel come first, and a flood cannot keep us here."""
+    for _ in range(BACKLOG if listener.fileno() >= 0 else 0):
+        try:
+            sock = listener.accept()[0]
+        except BlockingIOError:  # nothing queued
+            break
+        except ConnectionAbortedError:  # the client gave up while queued
+            continue
+        except OSError:  # EMFILE and friends: what is left waits for the next wake-up
+            break
+        yield sock.detach()
+    listener.close()
+
+
 class LoopBody(Protocol):
     name: str
     """Short name used by ``--loop`` and in logs."""

@@ -47,7 +47,7 @@ from liburing.time cimport timespec as Timespec
 import socket as _socket
 
 from ..blob import FileRegion, release as release_maps
-from .base import BACKLOG
+from .base import last_accepts
 
 cdef enum:
     IOV_MAX = 64
@@ -415,24 +415,10 @@ cdef class Loop:
             self._arm_accept()
 
     cdef _last_accepts(self, double now):
-        """After the stop, once our accept has ended: take what is still queued (late), then
-        close our descriptor. io_uring arms an accept's poll with EPOLLEXCLUSIVE (its op table
-        marks IORING_OP_ACCEPT poll_exclusive), so a connection wakes one waiter only; when
-        that was our accept and the cancel ended it first, the next generation's accept on
-        the same listener is never woken and the connection would wait until another
-        arrives (seen as a hung client at one reload in twenty). At most a backlog's worth:
-        those queued before the cancel come first, and a flood cannot keep us here."""
-        for _ in range(BACKLOG if self.listener.fileno() >= 0 else 0):
-            try:
-                sock = self.listener.accept()[0]
-            except BlockingIOError:  # nothing queued
-                break
-            except ConnectionAbortedError:  # the client gave up while queued
-                continue
-            except OSError:  # EMFILE and friends: what is left waits for the next wake-up
-                break
-            self._accepted(sock.detach(), now, True)
-        self.listener.close()
+        """After the stop, once our accept has ended: what is still queued is served late
+        (base.last_accepts says why), then our descriptor is closed."""
+        for fd in last_accepts(self.listener):
+            self._accepted(fd, now, True)
 
     cdef _done(self, uint64_t ud, int res, unsigned int flags, double now):
         """A recv, send or splice completed for connection ``ud >> 3``."""

@@ -25,7 +25,7 @@ import time
 import liburing as L
 
 from ..blob import FileRegion, release as release_maps
-from .base import ANSWERED, BACKLOG, FRESH, LATE
+from .base import ANSWERED, FRESH, LATE, last_accepts
 
 RECV = 16384
 IOV_MAX = 60
@@ -208,24 +208,10 @@ class Loop:
             self._arm_accept()
 
     def _last_accepts(self, now: float) -> None:
-        """After the stop, once our accept has ended: take what is still queued (late), then
-        close our descriptor. io_uring arms an accept's poll with EPOLLEXCLUSIVE (its op table
-        marks IORING_OP_ACCEPT poll_exclusive), so a connection wakes one waiter only; when
-        that was our accept and the cancel ended it first, the next generation's accept on
-        the same listener is never woken and the connection would wait until another
-        arrives (seen as a hung client at one reload in twenty). At most a backlog's worth:
-        those queued before the cancel come first, and a flood cannot keep us here."""
-        for _ in range(BACKLOG if self.listener.fileno() >= 0 else 0):
-            try:
-                sock = self.listener.accept()[0]
-            except BlockingIOError:  # nothing queued
-                break
-            except ConnectionAbortedError:  # the client gave up while queued
-                continue
-            except OSError:  # EMFILE and friends: what is left waits for the next wake-up
-                break
-            self._accepted(sock.detach(), now, True)
-        self.listener.close()
+        """After the stop, once our accept has ended: what is still queued is served late
+        (base.last_accepts says why), then our descriptor is closed."""
+        for fd in last_accepts(self.listener):
+            self._accepted(fd, now, True)
 
     def _done(self, ud: int, res: int, now: float) -> None:
         """A recv or writev completed for connection ``ud >> 3``."""

@@ -274,7 +274,7 @@ class TlsConnection:
         self._settle(now)
 
     def _encrypt(self, now: float) -> None:
-        inner, tls = self.inner, self.tls
+        inner = self.inner
         out = inner.outgoing
         while out and self.cipher_bytes < _HIGH:
             first = out[0]
