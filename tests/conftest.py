@@ -157,3 +157,19 @@ def pytest_sessionfinish(session, exitstatus):
 def demo_file(rel: str) -> bytes:
     with open(os.path.join(DEMO, rel), "rb") as f:
         return f.read()
+
+
+# `./dev test -m "not slow"` is the quick loop: besides the tests marked slow by hand, every
+# test that boots the unikernel image, builds or runs the container, or starts a browser is
+# slow, whether by its module or by the target it is parametrised over.
+SLOW_MODULES = ("test_unikernel", "test_container", "test_symlinked_docs", "test_wheel")
+SLOW_TARGETS = {"unikernel", "container"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(item, "callspec", None)
+        values = set(map(str, params.params.values())) if params else set()
+        if (os.path.basename(str(item.fspath)).startswith(SLOW_MODULES)
+                or values & SLOW_TARGETS or "chromium" in item.name.lower()):
+            item.add_marker(pytest.mark.slow)
