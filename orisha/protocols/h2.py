@@ -258,7 +258,9 @@ class H2Connection:
         """Finish once nothing is left to do: our GOAWAY went out, or the peer is done."""
         if self.out or self.should_close or self.shut_write:
             return
-        if self.dead or ((self.closing or self.eof) and not self.streams and self.hdr is None):
+        # After the peer's EOF with nothing left to write, what remains can never move: a
+        # stream waiting for window (no WINDOW_UPDATE comes after a FIN), an unfinished block.
+        if self.dead or self.eof or (self.closing and not self.streams and self.hdr is None):
             if self.eof:
                 self.should_close = True
             else:  # linger: shut our side, drain input until the peer's EOF (as HTTP/1.1 does)
