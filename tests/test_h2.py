@@ -189,7 +189,11 @@ def test_h2_ignores_the_plain_path_and_http1_is_untouched(site):
     assert type(conn).__name__ == "Http1"
     assert bytes(conn.outgoing[0]).startswith(b"HTTP/1.1 200 OK")
     conn = app.connect(NOW, "-")
-    conn.receive(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n", NOW)  # not the preface: HTTP/1.1 decides
+    conn.receive(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n", NOW)  # the preface's first line: HTTP/2
+    assert type(conn).__name__ == "H2Front"  # and the broken rest a connection error (§3.4)
+    assert goaway_code(b"".join(bytes(b) for b in conn.outgoing)) == 1  # PROTOCOL_ERROR
+    conn = app.connect(NOW, "-")
+    conn.receive(b"PRI / HTTP/1.1\r\nHost: x\r\n\r\n", NOW)  # not that line: HTTP/1.1 decides
     assert type(conn).__name__ == "Http1"
 
 

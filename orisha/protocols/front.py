@@ -20,6 +20,8 @@ from __future__ import annotations
 from ..core.connection import Connection
 from .h2 import PREFACE, H2Connection
 
+_PRI_LINE = PREFACE.index(b"\r\n") + 2  # "PRI * HTTP/2.0\r\n"
+
 
 class _Front(Connection):
     """A ``Connection`` with one more slot, ``proto``: the HTTP/2 connection once switched."""
@@ -48,6 +50,11 @@ class Sniffing(_Front):
                 self.buf = buf  # a prefix of the preface: wait for the rest
             else:
                 to_h2(self, now, buf[n:], preface=False)
+            return
+        if data and buf[:_PRI_LINE] == PREFACE[:_PRI_LINE]:
+            # The preface's first line came whole: an HTTP/2 client, whose broken preface is
+            # a connection error (RFC 9113 §3.4: GOAWAY PROTOCOL_ERROR), not an HTTP/1.1 505.
+            to_h2(self, now, buf)
             return
         self.__class__ = Http1
         self.buf = b""

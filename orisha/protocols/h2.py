@@ -24,6 +24,19 @@ What the RFC asks and where it is done here: the preface and SETTINGS first
 the concurrency limit (§5.1.2, REFUSED_STREAM), malformed requests (§8.1.1,
 §8.2, RST_STREAM PROTOCOL_ERROR), GOAWAY on errors, graceful stop and idle.
 
+Stream states (§5.1): a request is answered as soon as its HEADERS are in,
+but its stream stays open on the client's side (``remote_open``: a ``_Body``
+per stream) until the client ends it (END_STREAM) or resets it, so whatever
+comes later is judged by the state it really has: DATA is checked against the
+request's content-length and the stream's window (§8.1.1, §6.9.1), trailers
+must end the stream and carry no pseudo-header (§8.1), WINDOW_UPDATE counts
+on a stream whose answer is sent (§6.9), and DATA on a stream the client ended
+or reset is STREAM_CLOSED (§5.1, §6.1: a connection error, as §5.4.1 allows
+for any stream error). Only a stream we reset ourselves ignores late frames
+(§5.1 "closed": they may be in flight); a body the server does not need and
+that has filled its window is stopped with RST_STREAM NO_ERROR once the
+answer is sent (§8.1).
+
 Abuse is bounded (RFC 9113 §10.5; answers are ENHANCE_YOUR_CALM unless the
 RFC names another): frames that cost work but produce no response — resets
 (CVE-2023-44487 rapid reset), PING, SETTINGS, PRIORITY, empty DATA and
@@ -79,6 +92,7 @@ _CALM_PER_SECOND = 100       # …and per second after it
 _MEMO_MAX = 256              # header blocks memoised per connection (see ``_decode``)
 _BAD_NAME = re.compile(rb"[\x00-\x20A-Z:\x7f-\xff]")     # §8.2.1 (":" only as the pseudo prefix)
 _BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length: ([^\r]*)")
 
 
 def _frame(length: int, ftype: int, flags: int, sid: int) -> bytes:
@@ -120,6 +134,27 @@ class _Stream:
         self.sid, self.window, self.body, self.pos, self.parked = sid, window, body, 0, False
 
 
+class _Body:
+    """The client's side of a stream it has not ended yet (§5.1 "open", "half-closed
+    (local)"): the content-length it declared (-1: none to check), the DATA bytes so far,
+    its receive window, and, once our answer is all queued, that answer's send window
+    (None while ``streams`` holds it)."""
+    __slots__ = ("length", "got", "window", "send")
+
+    def __init__(self, length: int) -> None:
+        self.length, self.got, self.window, self.send = length, 0, _WINDOW, None
+
+
+def _declared(head: bytes | None) -> int:
+    """The content-length of a synthetic head, or -1 when it has none the DATA can be held
+    to (absent, repeated with different values, not digits: the core answers those 400)."""
+    if head is None or b"\r\ncontent-length: " not in head:
+        return -1
+    values = set(_CONTENT_LENGTH.findall(head))
+    value = values.pop() if len(values) == 1 else b""
+    return int(value) if value.isdigit() and len(value) <= 18 else -1
+
+
 class H2Connection:
     """One HTTP/2 connection; the loop-body contract of ``orisha/loops/base.py``.
 
@@ -148,7 +183,7 @@ class H2Connection:
         self.recv_window, self.recv_used = _WINDOW, 0
         self.streams: dict[int, _Stream] = {}
         self.ready: deque[_Stream] = deque()
-        self.remote_open: set[int] = set()  # streams whose request has not ended yet
+        self.remote_open: dict[int, _Body] = {}  # streams whose request has not ended yet
         self.resets: deque[int] = deque(maxlen=128)  # streams we reset lately (frames in flight)
         self.memo: dict[bytes, tuple] = {}  # header block → (synthetic head, log line)
         self.last_id = 0
@@ -223,7 +258,9 @@ class H2Connection:
         """Finish once nothing is left to do: our GOAWAY went out, or the peer is done."""
         if self.out or self.should_close or self.shut_write:
             return
-        if self.dead or ((self.closing or self.eof) and not self.streams and self.hdr is None):
+        # After the peer's EOF with nothing left to write, what remains can never move: a
+        # stream waiting for window (no WINDOW_UPDATE comes after a FIN), an unfinished block.
+        if self.dead or self.eof or (self.closing and not self.streams and self.hdr is None):
             if self.eof:
                 self.should_close = True
             else:  # linger: shut our side, drain input until the peer's EOF (as HTTP/1.1 does)
@@ -251,7 +288,7 @@ class H2Connection:
         self.out.append(_frame(4, RST_STREAM, 0, sid) + code.to_bytes(4, "big"))
         self.out_bytes += 13
         self.resets.append(sid)
-        self.remote_open.discard(sid)
+        self.remote_open.pop(sid, None)
         st = self.streams.pop(sid, None)
         if st is not None and not st.parked:
             self.ready.remove(st)
@@ -315,7 +352,8 @@ class H2Connection:
     def _data(self, flags: int, sid: int, payload: bytes, now: float) -> None:
         if sid == 0:
             return self._fail(Error.PROTOCOL_ERROR)
-        self.recv_window -= len(payload)  # padding counts too (§6.9.1)
+        size = len(payload)
+        self.recv_window -= size  # padding counts too (§6.9.1)
         if self.recv_window < 0:
             return self._fail(Error.FLOW_CONTROL_ERROR)
         self.recv_used += len(payload)
@@ -324,17 +362,30 @@ class H2Connection:
             self.out_bytes += 13
             self.recv_window += self.recv_used
             self.recv_used = 0
-        if self._unpad(flags, payload) is None:
+        payload = self._unpad(flags, payload)
+        if payload is None:
             return
-        if sid in self.remote_open:
-            if flags & END_STREAM:
-                self.remote_open.discard(sid)
-            elif len(payload) == 0:
+        body = self.remote_open.get(sid)
+        if body is not None:
+            body.window -= size
+            body.got += len(payload)
+            if body.window < 0:
+                self._reset(sid, Error.FLOW_CONTROL_ERROR)  # §6.9.1: past the stream's window
+            elif body.length >= 0 and (body.got > body.length or flags & END_STREAM
+                                       and body.got != body.length):
+                self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1.1: not its content-length
+            elif flags & END_STREAM:
+                del self.remote_open[sid]
+            elif not payload:
                 self._spend()
+            elif body.window == 0 and body.send is not None:
+                self._reset(sid, Error.NO_ERROR)  # §8.1: answered; the rest cannot come
         elif sid > self.last_id:
             self._fail(Error.PROTOCOL_ERROR)  # §5.1: DATA on an idle stream
+        elif sid in self.resets:
+            self._spend()  # §5.1 "closed": frames sent before our RST_STREAM arrived, ignored
         else:
-            self._spend()  # a stream we closed or reset: ignored (§5.1 "closed")
+            self._fail(Error.STREAM_CLOSED)  # §5.1, §6.1: the client ended or reset it
 
     def _headers(self, flags: int, sid: int, payload: bytes, now: float) -> None:
         if sid == 0 or sid % 2 == 0:
@@ -361,7 +412,10 @@ class H2Connection:
                 return
         else:
             self.last_id = sid
-            kind = _Block.IGNORED if self.closing else _Block.REQUEST
+            kind = _Block.REQUEST
+            if self.closing:  # §6.8: after our GOAWAY a new stream is ignored, with its frames
+                kind = _Block.IGNORED
+                self.resets.append(sid)
             self.since = now
         if self_dependent:  # §5.3.1: a stream error; the block is still decoded (HPACK state)
             self._reset(sid, Error.PROTOCOL_ERROR)
@@ -388,19 +442,38 @@ class H2Connection:
         sid, end, frags, kind = hdr.sid, hdr.end, hdr.frags, hdr.kind
         if hdr.size > 2 * self.app.limits.head:
             return self._fail(Error.ENHANCE_YOUR_CALM)
-        decoded = self._decode(frags[0] if len(frags) == 1 else b"".join(frags))
+        block = frags[0] if len(frags) == 1 else b"".join(frags)
+        if kind == _Block.TRAILERS:
+            return self._trailers(sid, block)
+        decoded = self._decode(block)
         if decoded is None:
             return
-        if kind == _Block.TRAILERS:
-            self.remote_open.discard(sid)
-        elif kind == _Block.REQUEST:
-            if len(self.streams) >= MAX_STREAMS:
-                self._reset(sid, Error.REFUSED_STREAM)  # §5.1.2
+        if kind == _Block.REQUEST:
+            half_local = sum(1 for b in self.remote_open.values() if b.send is not None)
+            if len(self.streams) + half_local >= MAX_STREAMS:
+                self._reset(sid, Error.REFUSED_STREAM)  # §5.1.2: half-closed streams count
                 self._spend()
                 return
+            declared = _declared(decoded[0])
+            if end and declared > 0:
+                return self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1.1: no DATA to match it
             if not end:
-                self.remote_open.add(sid)
+                self.remote_open[sid] = _Body(declared)
             self._request(sid, decoded, now)
+
+    def _trailers(self, sid: int, block: bytes) -> None:
+        """§8.1: trailers end the request; a pseudo-header in them, or a body short of its
+        content-length, makes it malformed (§8.1.1). Decoded here, not memoised."""
+        try:
+            fields = self.decoder.decode(block, raw=True)
+        except HPACKError:
+            return self._fail(Error.COMPRESSION_ERROR)
+        self.memo.clear()  # the dynamic table may have changed (see ``_decode``)
+        body = self.remote_open.pop(sid, None)
+        if body is None:
+            return
+        if any(name[:1] == b":" for name, _ in fields) or 0 <= body.length != body.got:
+            self._reset(sid, Error.PROTOCOL_ERROR)
 
     def _decode(self, block: bytes) -> tuple | None:
         """(synthetic head, log line) for a header block; None after a decoding error.
@@ -452,7 +525,7 @@ class H2Connection:
             return self._fail(Error.FRAME_SIZE_ERROR)
         if not self._spend():  # rapid reset (CVE-2023-44487) runs out of budget here
             return
-        self.remote_open.discard(sid)
+        self.remote_open.pop(sid, None)
         st = self.streams.pop(sid, None)
         if st is not None and not st.parked:
             self.ready.remove(st)
@@ -485,6 +558,11 @@ class H2Connection:
                     if st.parked and st.window > 0:
                         st.parked = False
                         self.ready.append(st)
+                for body in self.remote_open.values():  # answered, still open: windows too
+                    if body.send is not None:
+                        body.send += delta
+                        if body.send > WINDOW_MAX:
+                            return self._fail(Error.FLOW_CONTROL_ERROR)
             elif key == 5:
                 if not FRAME_MAX <= value <= (1 << 24) - 1:
                     return self._fail(Error.PROTOCOL_ERROR)
@@ -532,6 +610,13 @@ class H2Connection:
                 if st.parked and st.window > 0:
                     st.parked = False
                     self.ready.append(st)
+            elif sid in self.remote_open:  # answered, the request still open: it counts (§6.9)
+                body = self.remote_open[sid]
+                if inc == 0:
+                    return self._reset(sid, Error.PROTOCOL_ERROR)
+                body.send += inc
+                if body.send > WINDOW_MAX:
+                    return self._reset(sid, Error.FLOW_CONTROL_ERROR)
             elif sid > self.last_id:
                 return self._fail(Error.PROTOCOL_ERROR)  # idle stream
         self._pump()
@@ -585,12 +670,17 @@ class H2Connection:
             self.ready.append(st)
             self._pump()
         else:
-            self._ended(sid)
+            self._ended(sid, self.initial)
 
-    def _ended(self, sid: int) -> None:
-        """Our side of ``sid`` is done; a request still sending is told to stop (§8.1)."""
-        if sid in self.remote_open:
-            self._reset(sid, Error.NO_ERROR)
+    def _ended(self, sid: int, window: int) -> None:
+        """Our side of ``sid`` is done (``window``: what is left of its send window). A
+        request still open stays so (half-closed (local), §5.1) until the client ends or
+        resets it; one whose body has filled its window is told to stop (§8.1)."""
+        body = self.remote_open.get(sid)
+        if body is not None:
+            body.send = window
+            if body.window <= 0:
+                self._reset(sid, Error.NO_ERROR)
 
     def _pump(self) -> None:
         """Queue DATA frames, round robin over ready streams, within windows and ``_OUT_HIGH``."""
@@ -614,7 +704,7 @@ class H2Connection:
             ready.popleft()
             if done:
                 del self.streams[st.sid]
-                self._ended(st.sid)
+                self._ended(st.sid, st.window)
             else:
                 ready.append(st)
 

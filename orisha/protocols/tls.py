@@ -271,6 +271,9 @@ class TlsConnection:
                 self.ended = True  # the peer's EOF reached the inner connection once
                 self._encrypt(now)
                 break
+        # What OpenSSL wrote while reading leaves now, not with the next response: the
+        # no_renegotiation alert to a TLS 1.2 renegotiation, TLS 1.3 tickets and KeyUpdate.
+        self._flush_tls()
         self._settle(now)
 
     def _encrypt(self, now: float) -> None:

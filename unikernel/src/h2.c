@@ -22,6 +22,13 @@
  * and not at all while control frames wait to be written, so floods cannot
  * grow the output.
  *
+ * A stream stays open on the client's side (struct body) until the client ends
+ * or resets it, answered or not, so later frames meet its real state, as in
+ * h2.py: DATA against the content-length and the stream's window, trailers
+ * without pseudo-headers, WINDOW_UPDATE on an answered open stream, and DATA on
+ * a stream the client ended or reset a connection error STREAM_CLOSED; only
+ * streams we reset ignore late frames.
+ *
  * The rules (§3.4 preface, §4.2 sizes, §5.1 stream states, §6 frames, §6.9 flow
  * control both ways, §8.2 field validity) and the abuse bounds (a budget of
  * frames that cost work but produce no response, refilled per second: rapid
@@ -81,6 +88,12 @@ struct slot {                            /* a response sending DATA from one spa
     uint32_t sid, len, pos;
 };
 
+struct body {                            /* a request the client has not ended (h2.py _Body) */
+    int64_t length, got, window, send;   /* content-length (-1: none), DATA, windows */
+    uint32_t sid;
+    uint8_t answered;                    /* our answer is all queued: `send` is its window */
+};
+
 struct h2 {
     struct core_conn *core;
     uint64_t since, refilled;
@@ -98,7 +111,7 @@ struct h2 {
     uint32_t block_sid, block_len;
     /* streams */
     uint32_t last_id;
-    uint32_t remote_open[OPEN_CAP];
+    struct body remote_open[OPEN_CAP];
     uint8_t n_open, reset_pos;
     uint32_t resets[RESETS];
     /* flow control */
@@ -169,18 +182,27 @@ static void ctrl_u32(struct h2 *h, uint8_t type, uint32_t sid, uint32_t v)
 
 /* -- streams ----------------------------------------------------------------- */
 
-static int is_open(struct h2 *h, uint32_t sid)
+static struct body *open_of(struct h2 *h, uint32_t sid)
 {
     for (uint8_t i = 0; i < h->n_open; i++)
-        if (h->remote_open[i] == sid)
-            return 1;
-    return 0;
+        if (h->remote_open[i].sid == sid)
+            return &h->remote_open[i];
+    return NULL;
+}
+
+/* Open streams whose answer is all queued (half-closed (local)): they count (§5.1.2). */
+static uint32_t half_local(const struct h2 *h)
+{
+    uint32_t n = 0;
+    for (uint8_t i = 0; i < h->n_open; i++)
+        n += h->remote_open[i].answered;
+    return n;
 }
 
 static void close_remote(struct h2 *h, uint32_t sid)
 {
     for (uint8_t i = 0; i < h->n_open; i++)
-        if (h->remote_open[i] == sid) {
+        if (h->remote_open[i].sid == sid) {
             h->remote_open[i] = h->remote_open[--h->n_open];
             return;
         }
@@ -316,11 +338,18 @@ static int spend(struct h2 *h)
     return 1;
 }
 
-/* Our side of `sid` is done; a request still sending is told to stop (§8.1). */
-static void ended(struct h2 *h, uint32_t sid)
+/* Our side of `sid` is done (`window`: what is left of its send window). A request
+ * still open stays so (half-closed (local), §5.1) until the client ends or resets it;
+ * one whose body has filled its window is told to stop (§8.1). */
+static void ended(struct h2 *h, uint32_t sid, int64_t window)
 {
-    if (is_open(h, sid))
-        reset(h, sid, NO_ERROR);
+    struct body *b = open_of(h, sid);
+    if (b) {
+        b->answered = 1;
+        b->send = window;
+        if (b->window <= 0)
+            reset(h, sid, NO_ERROR);
+    }
 }
 
 /* -- HPACK (RFC 7541) ------------------------------------------------------------ */
@@ -667,7 +696,7 @@ static int enqueue(struct h2 *h, uint32_t sid, long len)
     if (len < 0 || (uint64_t)len > core_limits.head)
         keep = whole = 0; /* start_next feeds the stand-in */
     uint32_t size = (uint32_t)((sizeof(struct qhead) + keep + 7) & ~7u);
-    if (streams(h) >= H2_MAX_STREAMS || h->q_len + size > QUEUE_CAP)
+    if (streams(h) + half_local(h) >= H2_MAX_STREAMS || h->q_len + size > QUEUE_CAP)
         return 0;
     if (h->q_len + size > h->q_cap && !grow(&h->queue, &h->q_cap, h->q_len, QUEUE_CAP))
         return 0; /* the TLS heap is full: refused, as when the queue is */
@@ -682,6 +711,52 @@ static int enqueue(struct h2 *h, uint32_t sid, long len)
     return 1;
 }
 
+/* The request's content-length: -1 when there is none the DATA can be held to
+ * (absent, repeated with different values, not 1 to 18 digits: the core answers 400). */
+static int64_t declared(long list_len)
+{
+    const uint8_t *first = NULL;
+    uint32_t first_len = 0;
+    for (long off = 0; off < list_len;) {
+        const uint8_t *name, *value;
+        uint32_t nlen, vlen;
+        next_field(&off, &name, &nlen, &value, &vlen);
+        if (!same(name, nlen, "content-length"))
+            continue;
+        if (first && (vlen != first_len || memcmp(value, first, vlen)))
+            return -1;
+        first = value, first_len = vlen;
+    }
+    if (!first || !first_len || first_len > 18)
+        return -1;
+    int64_t v = 0;
+    for (uint32_t i = 0; i < first_len; i++) {
+        if (first[i] < '0' || first[i] > '9')
+            return -1;
+        v = v * 10 + (first[i] - '0');
+    }
+    return v;
+}
+
+/* §8.1: trailers end the request; a pseudo-header in them, or a body short of its
+ * content-length, makes it malformed (§8.1.1). */
+static void trailers(struct h2 *h, uint32_t sid, long list_len)
+{
+    struct body *b = open_of(h, sid);
+    if (!b)
+        return;
+    int bad = b->length >= 0 && b->got != b->length;
+    for (long off = 0; off < list_len && !bad;) {
+        const uint8_t *name, *value;
+        uint32_t nlen, vlen;
+        next_field(&off, &name, &nlen, &value, &vlen);
+        bad = nlen && name[0] == ':';
+    }
+    close_remote(h, sid);
+    if (bad)
+        reset(h, sid, PROTOCOL_ERROR);
+}
+
 /* §6.2, §6.10: a complete header block. */
 static void end_headers(struct h2 *h, uint64_t now)
 {
@@ -694,14 +769,15 @@ static void end_headers(struct h2 *h, uint64_t now)
         return;
     }
     if (h->block_kind == K_TRAILERS) {
-        close_remote(h, sid);
+        trailers(h, sid, list);
         return;
     }
     if (h->block_kind != K_REQUEST)
         return;
     long head = synthetic(list);
-    if (head == -1) {
-        reset(h, sid, PROTOCOL_ERROR); /* §8.1.1 malformed */
+    int64_t length = declared(list);
+    if (head == -1 || (h->block_end && length > 0)) {
+        reset(h, sid, PROTOCOL_ERROR); /* §8.1.1 malformed; a content-length with no DATA */
         return;
     }
     if (!h->block_end && h->n_open == OPEN_CAP) {
@@ -715,7 +791,7 @@ static void end_headers(struct h2 *h, uint64_t now)
         return;
     }
     if (!h->block_end)
-        h->remote_open[h->n_open++] = sid;
+        h->remote_open[h->n_open++] = (struct body){ length, 0, H2_WINDOW, 0, sid, 0 };
     h->since = now;
 }
 
@@ -729,7 +805,7 @@ static void headers_frame(struct h2 *h, uint64_t now)
         return;
     }
     int kind;
-    if (is_open(h, sid)) {
+    if (open_of(h, sid)) {
         kind = K_TRAILERS;
         if (!(h->fflags & F_END_STREAM)) {
             reset(h, sid, PROTOCOL_ERROR); /* §8.1: trailers end the stream */
@@ -745,7 +821,11 @@ static void headers_frame(struct h2 *h, uint64_t now)
             return;
     } else {
         h->last_id = sid;
-        kind = h->closing ? K_IGNORED : K_REQUEST;
+        kind = K_REQUEST;
+        if (h->closing) { /* §6.8: after our GOAWAY a new stream is ignored, with its frames */
+            kind = K_IGNORED;
+            h->resets[h->reset_pos++ % RESETS] = sid;
+        }
         h->since = now;
     }
     if (h->self_dep) { /* §5.3.1: a stream error; the block is still decoded */
@@ -782,15 +862,27 @@ static void data_frame(struct h2 *h)
         }
         payload = h->flen - 1 - h->small[0];
     }
-    if (is_open(h, sid)) {
-        if (h->fflags & F_END_STREAM)
+    struct body *b = open_of(h, sid);
+    if (b) {
+        b->window -= h->flen;
+        b->got += payload;
+        if (b->window < 0)
+            reset(h, sid, FLOW_CONTROL_ERROR); /* §6.9.1: past the stream's window */
+        else if (b->length >= 0 && (b->got > b->length ||
+                                    ((h->fflags & F_END_STREAM) && b->got != b->length)))
+            reset(h, sid, PROTOCOL_ERROR); /* §8.1.1: not its content-length */
+        else if (h->fflags & F_END_STREAM)
             close_remote(h, sid);
         else if (!payload)
             spend(h);
+        else if (!b->window && b->answered)
+            reset(h, sid, NO_ERROR); /* §8.1: answered; the rest cannot come */
     } else if (sid > h->last_id) {
         fail(h, PROTOCOL_ERROR); /* §5.1: DATA on an idle stream */
+    } else if (was_reset(h, sid)) {
+        spend(h); /* §5.1 "closed": sent before our RST_STREAM arrived, ignored */
     } else {
-        spend(h); /* a stream we closed or reset */
+        fail(h, STREAM_CLOSED); /* §5.1, §6.1: the client ended or reset it */
     }
 }
 
@@ -819,6 +911,9 @@ static void apply_setting(struct h2 *h, const uint8_t *e)
             }
             off += QSIZE(q);
         }
+        for (uint8_t i = 0; i < h->n_open && !h->dead; i++) /* answered, still open */
+            if (h->remote_open[i].answered && (h->remote_open[i].send += delta) > H2_WINDOW_MAX)
+                fail(h, FLOW_CONTROL_ERROR);
     } else if (key == 5) {
         if (value < H2_FRAME_MAX || value > (1u << 24) - 1)
             fail(h, PROTOCOL_ERROR);
@@ -841,6 +936,9 @@ static void window_update(struct h2 *h)
     struct slot *sl = slot_of(h, sid);
     struct qhead *q = sl || h->cur_sid == sid ? NULL : queued(h, sid);
     int64_t *window = sl ? &sl->window : q ? &q->window : h->cur_sid == sid ? &h->cur_window : NULL;
+    struct body *b = window ? NULL : open_of(h, sid);
+    if (b && b->answered) /* answered, the request still open: it counts (§6.9) */
+        window = &b->send;
     if (window) {
         if (!inc)
             reset(h, sid, PROTOCOL_ERROR);
@@ -1258,7 +1356,7 @@ static int emit_headers(struct h2 *h)
     h->cur_sid = 0;
     h->cur_state = R_NONE;
     if (!left)
-        ended(h, sid);
+        ended(h, sid, h->cur_window);
     return 1;
 }
 
@@ -1307,7 +1405,7 @@ static uint32_t core_frame(struct h2 *h)
     if (n == left) {
         h->cur_sid = 0;
         h->cur_state = R_NONE;
-        ended(h, sid);
+        ended(h, sid, h->cur_window);
     }
     return n;
 }
@@ -1325,8 +1423,9 @@ static uint32_t slot_frame(struct h2 *h, struct slot *sl)
     sl->pos += n;
     sl->window -= n;
     if (end) {
+        int64_t window = sl->window;
         drop_slot(h, sl);
-        ended(h, sid);
+        ended(h, sid, window);
     }
     return n;
 }
@@ -1462,11 +1561,28 @@ void h2_stop(struct h2 *h)
         go_away(h, NO_ERROR);
 }
 
+/* Whether a response could send DATA now (both windows open). */
+static int can_send(const struct h2 *h)
+{
+    if (h->window <= 0)
+        return 0;
+    if (h->cur_state == R_DATA && h->cur_window > 0)
+        return 1;
+    for (uint32_t i = 0; i < h->n_slots; i++)
+        if (h->slots[i].window > 0)
+            return 1;
+    return 0;
+}
+
+/* After the peer's EOF, once the queued requests are answered, what remains can never
+ * move: a response waiting for window (no WINDOW_UPDATE comes after a FIN), an
+ * unfinished header block (h2.py's _settle). */
 int h2_done(const struct h2 *h)
 {
     if (h->ctrl_len || h->out.n)
         return 0;
-    return h->dead || ((h->closing || h->eof) && !streams(h) && !h->in_block);
+    return h->dead || ((h->closing || h->eof) && !streams(h) && !h->in_block) ||
+           (h->eof && !h->q_n && h->cur_state != R_HEADERS && !can_send(h));
 }
 
 int h2_tick(struct h2 *h, uint64_t now, int writing)
