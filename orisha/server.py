@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 
-from . import loops
+from . import loops, ports
 from .admin import METRICS_PATH
 from .core.policy import Limits
 from .loops.base import BACKLOG
@@ -51,6 +51,15 @@ def listeners(host: str, port: int, count: int, share: bool = True) -> list[sock
     except socket.gaierror as e:
         raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
     family, _, _, _, addr = infos[0]
+    with ports.Claim(port):  # held from the probe until the group listens
+        return _group(host, port, family, addr, count, share)
+
+
+def _group(host: str, port: int, family: int, addr, count: int, share: bool) -> list[socket.socket]:
+    """The listeners, once the probe found the port free (orisha/ports.py)."""
+    taken = ports.probe(family, addr) if port else None
+    if taken is not None:
+        raise ServeError(_taken(host, port, taken))
     socks = []
     try:
         for _ in range(count):
@@ -65,9 +74,15 @@ def listeners(host: str, port: int, count: int, share: bool = True) -> list[sock
     except OSError as e:
         for s in socks:
             s.close()
-        what = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
-        raise ServeError(f"{host}:{port}: {what}") from None
+        raise ServeError(_taken(host, port, e)) from None
     return socks
+
+
+def _taken(host: str, port: int, e: OSError) -> str:
+    if e.errno != errno.EADDRINUSE:
+        return f"{host}:{port}: {e.strerror}"
+    who = ports.holder(port)
+    return f"{host}:{port}: port {port} is already in use" + (f" by {who}" if who else "")
 
 
 def _access_log(path: str):
