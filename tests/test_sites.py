@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -124,3 +125,208 @@ def test_servers_started_at_once_all_come_up(builds):
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+
+
+# -- several sites -------------------------------------------------------------------------
+
+SITE_FILES = {
+    "a": {"index.html": "<h1>site A</h1>\n", "404.html": "A 404\n", "new.html": "A new\n",
+          "_redirects": "/old /new 301\n", "_headers": "/*\n  X-Site: a\n"},
+    "b": {"index.html": "<h1>site B</h1>\n", "404.html": "B 404\n", "bnew.html": "B new\n",
+          "_redirects": "/bold /bnew 302\n", "_headers": "/*\n  X-Site: b\n"},
+}
+A_NAMES, B_NAMES = "a.test", "b.test,*.b.test"
+
+
+def _leaf(folder: str, name: str, sans: list[str]) -> tuple[str, str]:
+    from tlsutil import _openssl
+    ext = os.path.join(folder, f"{name}.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=" + ",".join(f"DNS:{n}" for n in sans) + "\n"
+                "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={sans[0]}", cwd=folder)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", f"{name}.pem", "-days", "3", "-extfile", ext, cwd=folder)
+    return os.path.join(folder, f"{name}.pem"), os.path.join(folder, f"{name}.key")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Builds of sites a and b, and a CA with a certificate for each (b: b.test, *.b.test)."""
+    from conftest import orisha
+    from tlsutil import make_pki
+    base = tmp_path_factory.mktemp("sites")
+    out = {}
+    for name, files in SITE_FILES.items():
+        src = base / f"src-{name}"
+        src.mkdir()
+        for rel, text in files.items():
+            (src / rel).write_text(text)
+        out[name] = str(base / f"out-{name}")
+        r = orisha("build", str(src), "-o", out[name], "--not-found", "404.html")
+        assert r.returncode == 0, r.stderr
+    pki = make_pki(str(base / "pki"))
+    out["ca"] = pki.ca
+    out["cert_a"], out["key_a"] = _leaf(pki.dir, "a", ["a.test"])
+    out["cert_b"], out["key_b"] = _leaf(pki.dir, "b", ["b.test", "*.b.test"])
+    return out
+
+
+def _site_args(two) -> list[str]:
+    return ["--site", f"{A_NAMES}={two['a']}", "--site", f"{B_NAMES}={two['b']}"]
+
+
+def _tls_args(two) -> list[str]:
+    return ["--tls-cert", two["cert_a"], "--tls-key", two["key_a"],
+            "--tls-cert", two["cert_b"], "--tls-key", two["key_b"]]
+
+
+def _start(loop: str, *args: str) -> Server:
+    """A server of both sites (no positional build: Server.cmd's "" is dropped)."""
+    cmd = [c for c in Server.cmd("", "--loop", loop, "--workers", "2", *TEST_LIMITS, *args) if c]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    line = proc.stdout.readline()
+    m = re.search(r"https?://[\d.]+:(\d+)/", line)
+    if not m:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r} {proc.stderr.read()}")
+    s = Server.__new__(Server)
+    s.proc, s.line, s.port = proc, line, int(m.group(1))
+    return s
+
+
+def _status_body(raw: bytes) -> tuple[int, dict, bytes]:
+    from httpraw import split_responses
+    (status, fields, body), = split_responses(raw)
+    return status, fields, body
+
+
+SITE_LOOPS = LOOPS + ["epoll-pure"]  # the compiled core and the .py core
+
+
+@pytest.fixture(scope="module", params=SITE_LOOPS)
+def plain(request, two):
+    s = _start(request.param, *_site_args(two))
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module", params=SITE_LOOPS)
+def tls(request, two):
+    s = _start(request.param, *_site_args(two), *_tls_args(two))
+    yield s
+    assert s.stop() == 0
+
+
+# Host → (site, as the Host field may be written)
+HOSTS = [("a.test", "a"), ("b.test", "b"), ("www.b.test", "b"), ("B.Test.:8080", "b"),
+         ("a.test:80", "a"), ("unknown.example", "a"), ("b.test.evil", "a")]
+
+
+def test_host_chooses_the_site(plain):
+    for host, site in HOSTS:
+        status, fields, body = _status_body(_get(plain.port, "/", host))
+        assert (status, fields.get("x-site"), body) == (200, site, SITE_FILES[site]["index.html"]
+                                                        .encode()), host
+
+
+def test_each_site_keeps_its_rules_and_404(plain):
+    status, fields, _ = _status_body(_get(plain.port, "/old", "a.test"))
+    assert (status, fields.get("location")) == (301, "/new")
+    status, fields, body = _status_body(_get(plain.port, "/old", "b.test"))
+    assert (status, body) == (404, b"B 404\n")  # a's rule is not b's
+    status, fields, _ = _status_body(_get(plain.port, "/bold", "x.b.test"))
+    assert (status, fields.get("location")) == (302, "/bnew")
+    status, _, body = _status_body(_get(plain.port, "/bold", "a.test"))
+    assert (status, body) == (404, b"A 404\n")
+    status, _, body = _status_body(_get(plain.port, "/new", "b.test"))
+    assert (status, body) == (404, b"B 404\n")
+
+
+def test_absolute_target_chooses_the_site(plain):
+    """RFC 9112 §3.2.2: an absolute-form target's authority, not Host, names the site."""
+    status, fields, _ = _status_body(_get(plain.port, "http://b.test/", "a.test"))
+    assert (status, fields.get("x-site")) == (200, "b")
+
+
+def test_h2c_authority_chooses_the_site(plain):
+    from h2util import H2Client
+    with socket.create_connection(("127.0.0.1", plain.port), timeout=10) as sock:
+        c = H2Client(sock)
+        for host, site in HOSTS:
+            (r,) = c.fetch([("GET", "/", {})], authority=host, scheme="http")
+            assert (r.status, r.h("x-site"), r.body) == (
+                200, site, SITE_FILES[site]["index.html"].encode()), host
+        (r,) = c.fetch([("GET", "/zz", {})], authority="b.test", scheme="http")
+        assert (r.status, r.body) == (404, b"B 404\n")
+
+
+def _tls_client(two, server_name: str | None, alpn: list[str]) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=two["ca"])
+    ctx.check_hostname = False  # the SAN is checked by hand: which certificate SNI chose
+    ctx.set_alpn_protocols(alpn)
+    return ctx
+
+
+def _tls(two, port: int, server_name: str | None, alpn=("http/1.1",)):
+    ctx = _tls_client(two, server_name, list(alpn))
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname=server_name)
+
+
+def _sans(sock) -> set[str]:
+    return {v for k, v in sock.getpeercert()["subjectAltName"] if k == "DNS"}
+
+
+@pytest.mark.parametrize("sni, sans", [("a.test", {"a.test"}), ("b.test", {"b.test", "*.b.test"}),
+                                       ("www.b.test", {"b.test", "*.b.test"}),
+                                       ("A.TEST", {"a.test"}), ("unknown.example", {"a.test"}),
+                                       (None, {"a.test"})])
+def test_sni_chooses_the_certificate(two, tls, sni, sans):
+    with _tls(two, tls.port, sni) as s:
+        assert _sans(s) == sans
+
+
+def _tls_get(two, port: int, sni: str | None, host: str, path: str = "/"):
+    with _tls(two, port, sni) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        return _status_body(read_to_close(s, resets=(ssl.SSLError,)))
+
+
+def test_tls_host_of_another_site_is_misdirected(two, tls):
+    status, fields, body = _tls_get(two, tls.port, "b.test", "www.b.test")
+    assert (status, fields.get("x-site"), body) == (200, "b", b"<h1>site B</h1>\n")
+    status, _, body = _tls_get(two, tls.port, "b.test", "a.test")
+    assert status == 421 and b"site A" not in body
+    status, _, body = _tls_get(two, tls.port, "a.test", "b.test:443")
+    assert status == 421 and b"site B" not in body
+    # a name no site holds answers from the SNI's site; without SNI, Host chooses
+    status, fields, _ = _tls_get(two, tls.port, "b.test", "unknown.example")
+    assert (status, fields.get("x-site")) == (200, "b")
+    status, fields, _ = _tls_get(two, tls.port, None, "b.test")
+    assert (status, fields.get("x-site")) == (200, "b")
+    status, _, body = _tls_get(two, tls.port, "a.test", "a.test", "/bold")
+    assert (status, body) == (404, b"A 404\n")
+
+
+def test_h2_over_tls_does_not_coalesce_sites(two, tls):
+    """RFC 9113 §9.1.1: a connection made for b (its certificate, its SNI) never answers a's
+    content, whatever :authority the client reuses it for."""
+    from h2util import H2Client
+    with _tls(two, tls.port, "b.test", alpn=("h2",)) as s:
+        assert s.selected_alpn_protocol() == "h2" and "b.test" in _sans(s)
+        c = H2Client(s)
+        rs = c.fetch([("GET", "/", {})], authority="x.b.test")
+        assert (rs[0].status, rs[0].h("x-site")) == (200, "b")
+        (r,) = c.fetch([("GET", "/", {})], authority="a.test")
+        assert r.status == 421 and b"site A" not in r.body
+        (r,) = c.fetch([("GET", "/bold", {})], authority="b.test")
+        assert (r.status, r.h("location")) == (302, "/bnew")
+    with _tls(two, tls.port, "a.test", alpn=("h2",)) as s:
+        c = H2Client(s)
+        (r,) = c.fetch([("GET", "/", {})], authority="a.test")
+        assert (r.status, r.h("x-site")) == (200, "a")
+        (r,) = c.fetch([("GET", "/", {})], authority="b.test")
+        assert r.status == 421

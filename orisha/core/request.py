@@ -145,6 +145,8 @@ def parse_head(head: bytes, max_target: int) -> Request:
     if target[0] != 47:  # not origin-form
         a = _ABSOLUTE.match(target)
         if a is not None:
+            # RFC 9112 §3.2.2: the target's authority replaces Host (it chooses the site)
+            fields[b"host"] = a.group().partition(b"//")[2].rpartition(b"@")[2]
             target = target[a.end():] or b"/"
             if target[0] != 47:
                 target = b"/" + target
