@@ -330,3 +330,36 @@ def test_h2_over_tls_does_not_coalesce_sites(two, tls):
         assert (r.status, r.h("x-site")) == (200, "a")
         (r,) = c.fetch([("GET", "/", {})], authority="b.test")
         assert r.status == 421
+
+
+def test_one_reload_reloads_every_site(two, tmp_path):
+    """SIGHUP: a site whose build no longer loads keeps serving its previous build, with a
+    line naming it; the other moves on to its new build."""
+    import shutil
+    import signal
+    from conftest import orisha
+    a, b = tmp_path / "a", tmp_path / "b"
+    os.symlink(two["a"], a)
+    shutil.copytree(two["b"], b)
+    s = _start("epoll", "--site", f"{A_NAMES}={a}", "--site", f"{B_NAMES}={b}")
+    try:
+        src = tmp_path / "src-a2"
+        src.mkdir()
+        (src / "index.html").write_text("<h1>site A, again</h1>\n")
+        r = orisha("build", str(src), "-o", str(tmp_path / "out-a2"))
+        assert r.returncode == 0, r.stderr
+        os.unlink(a)
+        os.symlink(tmp_path / "out-a2", a)
+        os.unlink(b / "site.blob")  # its documents are gone: the build cannot load
+        s.proc.send_signal(signal.SIGHUP)
+        lines, deadline = [], time.monotonic() + 30
+        while not any("reloaded" in x for x in lines) and time.monotonic() < deadline:
+            lines.append(s.proc.stderr.readline())
+        failed = [x for x in lines if "failed" in x]
+        assert len(failed) == 1 and "site b.test failed, it keeps its previous build" in failed[0] \
+            and "cannot load the build" in failed[0], lines
+        assert any("reloaded" in x for x in lines), lines
+        assert _status_body(_get(s.port, "/", "a.test"))[2] == b"<h1>site A, again</h1>\n"
+        assert _status_body(_get(s.port, "/", "b.test"))[2] == b"<h1>site B</h1>\n"
+    finally:
+        assert s.stop() == 0
