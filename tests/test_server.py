@@ -66,7 +66,9 @@ def test_port_in_use_is_one_line(builds):
         taken.listen()
         port = taken.getsockname()[1]
         r = orisha("serve", builds["notfound"], "--port", str(port), timeout=30)
-    assert r.returncode == 1 and r.stderr.strip() == f"orisha: error: 127.0.0.1:{port}: address already in use"
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"orisha: error: 127.0.0.1:{port}: port {port} is already in use by pid {os.getpid()}: "
+        + open(f"/proc/{os.getpid()}/cmdline").read().replace("\0", " ").strip()[:200])
 
 
 def test_not_a_build_is_one_line(tmp_path):

@@ -363,3 +363,20 @@ def test_one_reload_reloads_every_site(two, tmp_path):
         assert _status_body(_get(s.port, "/", "b.test"))[2] == b"<h1>site B</h1>\n"
     finally:
         assert s.stop() == 0
+
+
+def test_access_log_names_the_site(two, tmp_path):
+    from h2util import H2Client
+    log = tmp_path / "access.log"
+    s = _start("epoll", *_site_args(two), "--access-log", str(log))
+    try:
+        _get(s.port, "/", "www.b.test:8080")
+        _get(s.port, "/nowhere", "a.test")
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+            (r,) = H2Client(sock).fetch([("GET", "/bold", {})], authority="b.test", scheme="http")
+            assert r.status == 302
+    finally:
+        assert s.stop() == 0
+    lines = log.read_text().splitlines()
+    assert sorted(x.split('"')[0].split()[0] + " " + x.split('"')[1] for x in lines) == [
+        "a.test GET /nowhere HTTP/1.1", "b.test GET / HTTP/1.1", "b.test GET /bold HTTP/2.0"], lines

@@ -289,7 +289,9 @@ class Connection:
         if status >= 400:
             stats[_ERROR_SLOT[status]] += 1
         if self.app.log_lines is not None:
-            self.app.log_lines.append(_log_line(self.peer, now, request, status, len(body)))
+            app = self.app
+            app.log_lines.append(_log_line(self.peer, now, request, status, len(body),
+                                           b"" if app.hosts is None else app.hosts.label(request)))
         out = self.out
         tail = tails[tail]
         out.append(head)
@@ -370,13 +372,17 @@ def _error_plan(status: int) -> Plan:
 _UNSAFE = re.compile(rb'[^\x20-\x7e]|["\\]')
 
 
-def _log_line(peer: str, now: float, head: bytes, status: int, size: int) -> bytes:
-    """One line of the common log format; the request line escaped, cut at 200 bytes."""
+def _log_line(peer: str, now: float, head: bytes, status: int, size: int,
+              site: bytes = b"") -> bytes:
+    """One line of the common log format; the request line escaped, cut at 200 bytes.
+    ``site``: with several sites, the one that answered comes first (as nginx's
+    ``vhost_combined`` puts the host first); ``-`` for a misdirected request."""
     line = head.split(b"\n", 1)[0].rstrip(b"\r")[:200]
     line = _UNSAFE.sub(lambda m: b"\\x%02x" % m.group()[0], line)
     d = format_http_date(int(now))  # b'Sun, 06 Nov 1994 08:49:37 GMT'
     stamp = b"%s/%s/%s:%s +0000" % (d[5:7], d[8:11], d[12:16], d[17:25])
-    return b'%s - - [%s] "%s" %d %d\n' % (peer.encode(), stamp, line, status, size)
+    return b'%s%s - - [%s] "%s" %d %d\n' % (site and site + b" ", peer.encode(), stamp, line,
+                                            status, size)
 
 
 log_line = _log_line  # public for the other protocol layers (orisha/protocols/h2.py)

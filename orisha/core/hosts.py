@@ -17,6 +17,10 @@ site's content over another's certificate.
 
 from __future__ import annotations
 
+import re
+
+_HOST = re.compile(rb"\n[Hh][Oo][Ss][Tt]:[ \t]*([^\r\n]*?)[ \t]*\r?(?:\n|$)")
+
 
 def normal(host: bytes | str | None) -> bytes:
     """A Host (or :authority, or SNI) as the table knows it: lower case, no port, no
@@ -88,6 +92,13 @@ class Hosts:
         t.exact = {k: (j if j == i else -1) for k, j in self.exact.items()}
         t.wild = [(s, j if j == i else -1) for s, j in self.wild]
         return t
+
+    def label(self, head: bytes) -> bytes:
+        """How the access log names the site that answered ``head`` (its first HOST; ``-``:
+        misdirected). Only a server of several sites that keeps a log asks."""
+        m = _HOST.search(head)
+        site = self.pick(m.group(1) if m else None)
+        return b"-" if site is None else self.name(site).encode()
 
     def name(self, site) -> str:
         """The first HOST of ``--site`` for ``site``: how log lines and metrics name it."""
