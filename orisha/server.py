@@ -51,6 +51,9 @@ def load_sites(sites, previous=None):
     the error."""
     loaded = []
     for i, (names, out) in enumerate(sites):
+        if not isinstance(out, (str, os.PathLike)):  # loaded already (the container's own)
+            loaded.append((names, out))
+            continue
         try:
             loaded.append((names, load_site(out)))
         except ServeError as e:

@@ -380,3 +380,29 @@ def test_access_log_names_the_site(two, tmp_path):
     lines = log.read_text().splitlines()
     assert sorted(x.split('"')[0].split()[0] + " " + x.split('"')[1] for x in lines) == [
         "a.test GET /nowhere HTTP/1.1", "b.test GET / HTTP/1.1", "b.test GET /bold HTTP/2.0"], lines
+
+
+def test_container_serves_several_sites(two):
+    """The image's own build (the demo site, the image the conformance suite runs) for
+    a.test, a mounted build folder for b.test and *.b.test."""
+    from conftest import DEMO, MODES, demo_file
+    from container_target import Container, build
+    from h2util import H2Client
+    _, tag = build(DEMO, MODES["notfound"])
+    c = Container(tag, ["--site", A_NAMES, "--site", f"{B_NAMES}=/sites/b", "--workers", "2",
+                        *TEST_LIMITS], run_args=["-v", f"{two['b']}:/sites/b:ro"])
+    try:
+        assert "2 sites: a.test" in c.line, c.line
+        for host, site in HOSTS:
+            status, fields, body = _status_body(_get(c.port, "/", host))
+            want = demo_file("index.html") if site == "a" else b"<h1>site B</h1>\n"
+            assert (status, body) == (200, want), host
+        assert _status_body(_get(c.port, "/zz", "b.test"))[2] == b"B 404\n"
+        assert _status_body(_get(c.port, "/zz", "a.test"))[2] == demo_file("404.html")
+        assert _status_body(_get(c.port, "/bold", "www.b.test"))[0] == 302
+        assert _status_body(_get(c.port, "/bold", "a.test"))[0] == 404
+        with socket.create_connection(("127.0.0.1", c.port), timeout=10) as sock:
+            (r,) = H2Client(sock).fetch([("GET", "/", {})], authority="b.test", scheme="http")
+            assert (r.status, r.h("x-site"), r.body) == (200, "b", b"<h1>site B</h1>\n")
+    finally:
+        c.stop()
