@@ -223,6 +223,7 @@ def test_an_admin_port_that_clashes_is_a_one_line_error(builds):
     try:
         r = orisha("serve", builds["notfound"], "--port", "0", "--admin-port", str(s.port), timeout=60)
         assert r.returncode == 1
-        assert r.stderr.strip() == f"orisha: error: 127.0.0.1:{s.port}: address already in use"
+        assert r.stderr.strip().startswith(
+            f"orisha: error: 127.0.0.1:{s.port}: port {s.port} is already in use by pid {s.proc.pid}: ")
     finally:
         assert s.stop() == 0
