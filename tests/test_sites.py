@@ -341,8 +341,15 @@ def test_one_reload_reloads_every_site(two, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     os.symlink(two["a"], a)
     shutil.copytree(two["b"], b)
-    s = _start("epoll", "--site", f"{A_NAMES}={a}", "--site", f"{B_NAMES}={b}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        admin = probe.getsockname()[1]
+    s = _start("epoll", "--site", f"{A_NAMES}={a}", "--site", f"{B_NAMES}={b}",
+               "--admin-port", str(admin))
     try:
+        before = _site_info(admin)
+        assert before == {"a.test": ("a.test", "3 files, 28 bytes"),
+                          "b.test": ("b.test,*.b.test", "3 files, 28 bytes")}, before
         src = tmp_path / "src-a2"
         src.mkdir()
         (src / "index.html").write_text("<h1>site A, again</h1>\n")
@@ -361,8 +368,18 @@ def test_one_reload_reloads_every_site(two, tmp_path):
         assert any("reloaded" in x for x in lines), lines
         assert _status_body(_get(s.port, "/", "a.test"))[2] == b"<h1>site A, again</h1>\n"
         assert _status_body(_get(s.port, "/", "b.test"))[2] == b"<h1>site B</h1>\n"
+        # the metrics say which build each site serves now
+        assert _site_info(admin) == {**before, "a.test": ("a.test", "1 files, 23 bytes")}
     finally:
         assert s.stop() == 0
+
+
+def _site_info(admin: int) -> dict[str, tuple[str, str]]:
+    """orisha_site_info's labels from the admin port: site → (hosts, build)."""
+    status, _, body = _status_body(_get(admin, "/metrics"))
+    assert status == 200
+    return {m[0]: m[1:] for m in re.findall(
+        r'orisha_site_info\{site="([^"]*)",hosts="([^"]*)",build="([^"]*)"\} 1', body.decode())}
 
 
 def test_access_log_names_the_site(two, tmp_path):
