@@ -423,3 +423,15 @@ def test_container_serves_several_sites(two):
             assert (r.status, r.h("x-site"), r.body) == (200, "b", b"<h1>site B</h1>\n")
     finally:
         c.stop()
+
+
+def test_one_certificate_for_one_site_of_two_is_misdirected_elsewhere(two):
+    """One certificate (a.test's) with two sites: a client that sent SNI b.test does not
+    get b's content over a's certificate either."""
+    s = _start("epoll", *_site_args(two), "--tls-cert", two["cert_a"], "--tls-key", two["key_a"])
+    try:
+        assert _tls_get(two, s.port, "a.test", "b.test")[0] == 421
+        assert _tls_get(two, s.port, "b.test", "a.test")[0] == 421
+        assert _tls_get(two, s.port, "b.test", "b.test")[1].get("x-site") == "b"
+    finally:
+        assert s.stop() == 0

@@ -106,8 +106,8 @@ def by_sni(pairs: list[tuple[str, ssl.SSLContext]]) -> ssl.SSLContext:
     name is absent or unknown. The name is kept on the SSLObject (``sni``) for the site.
     ``pairs``: (certificate file, its context), in command-line order."""
     first = pairs[0][1]
-    if len(pairs) == 1:
-        return first
+    # Installed for one certificate too: the SNI it records is what keeps a server of
+    # several sites from answering another site's name over it (``App.view``: 421).
     exact: dict[str, ssl.SSLContext] = {}
     wild: dict[str, ssl.SSLContext] = {}
     for cert, ctx in pairs:
