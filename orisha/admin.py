@@ -43,6 +43,7 @@ class Status(NamedTuple):
     restarts: int
     reloads: int
     draining: int  # generations still finishing their responses
+    sites: tuple = ()  # several sites: (host names, build summary) of each, in --site order
 
 
 # (slot, metric name, type, help) of the per-worker counters, addressed by ``Stat``.
@@ -65,6 +66,11 @@ def exposition(s: Status) -> bytes:
     for i, v in per:
         out += [f'orisha_errors_total{{worker="{i}",status="{status}"}} {v[Stat.ERROR[status]]}'
                 for status in ERROR_STATUSES]
+    if s.sites:
+        out.append("# HELP orisha_site_info A site this server answers for (--site): its "
+                   "first host, every host, the build it serves.\n# TYPE orisha_site_info gauge")
+        out += [f'orisha_site_info{{site="{_label(names[0])}",hosts="{_label(",".join(names))}",'
+                f'build="{_label(summary)}"}} 1' for names, summary in s.sites]
     for name, kind, doc, value in (
             ("worker_restarts_total", "counter", "Workers restarted after dying.", s.restarts),
             ("reloads_total", "counter", "Builds reloaded (SIGHUP).", s.reloads),
@@ -74,6 +80,11 @@ def exposition(s: Status) -> bytes:
         out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}\n"
                    f"orisha_{name} {value}")
     return ("\n".join(out) + "\n").encode()
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _response(path: bytes, status: Callable[[], Status]) -> tuple[bytes, bytes]:

@@ -121,7 +121,11 @@ def _limit_options(f):
 
 
 @main.command()
-@click.argument("path", type=click.Path())
+@click.argument("path", type=click.Path(), required=False)
+@click.option("--site", "sites", multiple=True, metavar="HOST=PATH",
+              help="Serve several sites: PATH (a build or a site) for Host HOST (a,b: several "
+              "names; *.example.org: every name under it). Repeat it; the first answers "
+              "unknown hosts. Instead of PATH.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--workers", type=int, help="Worker processes [default: one per core].")
@@ -133,24 +137,47 @@ def _limit_options(f):
               help="Serve /healthz, /readyz and Prometheus /metrics on PORT. Off by default.")
 @click.option("--admin-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address of the admin port (0.0.0.0: where a kubelet or a load balancer probes).")
-@click.option("--tls-cert", metavar="FILE", help="PEM certificate (chain allowed): the port speaks "
-              "TLS, HTTP/2 and HTTP/1.1 by ALPN. SIGHUP reads it again.")
-@click.option("--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")
+@click.option("--tls-cert", metavar="FILE", multiple=True, help="PEM certificate (chain allowed): "
+              "the port speaks TLS, HTTP/2 and HTTP/1.1 by ALPN. SIGHUP reads it again. Repeat "
+              "it (with --tls-key) for several: SNI picks the one whose names match.")
+@click.option("--tls-key", metavar="FILE", multiple=True, help="PEM private key of --tls-cert.")
 @click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
               help="Oldest TLS version accepted.")
 @_limit_options
-def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port,
+def serve(path, sites, host, port, workers, loop, fallback, not_found, access_log, admin_port,
           admin_host, tls_cert, tls_key, tls_min, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
-    if not manifest.is_build(path):
-        path = build_into_cache(path, fallback=fallback, not_found=not_found)
+    pairs = _sites(path, sites, fallback, not_found)
+    path = pairs[0][1]
+    if len(pairs) == 1:
+        pairs = None  # one site, as ever: no host table, no lookup
+    elif any(manifest.read(out).get("loop") == "unikernel" for _, out in pairs):
+        raise click.UsageError("--site: a unikernel image serves one site (boot each image)")
     if loop is None and manifest.read(path).get("loop") == "unikernel":
         from .targets.unikernel.boot import boot as run_boot  # an image is served by booting it
         sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
-                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min))
+                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
+                 sites=pairs))
+
+
+def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]]:
+    """``--site HOST=PATH`` (or the one PATH) as (host names, build folder) pairs."""
+    if bool(path) == bool(sites):
+        raise click.UsageError("give PATH or --site HOST=PATH (several), not both" if path
+                               else "missing PATH (or --site HOST=PATH)")
+    pairs = []
+    for spec in sites or (f"*={path}",):
+        names, sep, out = spec.partition("=")
+        hosts = tuple(n.strip() for n in names.split(",") if n.strip())
+        if not sep or not out or not hosts:
+            raise click.UsageError(f"--site {spec!r}: expected HOST=PATH (e.g. example.org=_site)")
+        if not manifest.is_build(out):
+            out = build_into_cache(out, fallback=fallback, not_found=not_found)
+        pairs.append((hosts, out))
+    return pairs
 
 
 @main.command()

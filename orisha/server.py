@@ -19,8 +19,9 @@ import os
 import socket
 import sys
 
-from . import loops
+from . import loops, ports
 from .admin import METRICS_PATH
+from .core.hosts import Hosts
 from .core.policy import Limits
 from .loops.base import BACKLOG
 from .errors import LoopUnavailable, ServeError
@@ -42,6 +43,38 @@ def load_site(build_dir: str):
     return module.SITE
 
 
+def load_sites(sites, previous=None):
+    """A ``Hosts`` table (orisha/core/hosts.py) of ``sites``, (host names, build folder) pairs.
+
+    ``previous``: a reload's table; a site whose build does not load keeps its previous
+    build, with a line saying which, and the others move on. At start-up any failure is
+    the error."""
+    loaded = []
+    for i, (names, out) in enumerate(sites):
+        if not isinstance(out, (str, os.PathLike)):  # loaded already (the container's own)
+            loaded.append((names, out))
+            continue
+        try:
+            loaded.append((names, load_site(out)))
+        except ServeError as e:
+            if previous is None:
+                raise
+            print(f"orisha: reload of site {names[0]} failed, it keeps its previous build: {e}",
+                  file=sys.stderr)
+            loaded.append((names, previous.sites[i]))
+    return Hosts(loaded)
+
+
+def _site_loader(sites, first):
+    """What a SIGHUP runs: every site again, each falling back to what it served."""
+    last = [first]
+
+    def load():
+        last[0] = load_sites(sites, last[0])
+        return last[0]
+    return load
+
+
 def listeners(host: str, port: int, count: int, share: bool = True) -> list[socket.socket]:
     """``count`` listeners on one port; ``share``: SO_REUSEPORT, so the workers of every
     generation accept from it. The admin port is not shared: a clash is an error, not a
@@ -51,6 +84,15 @@ def listeners(host: str, port: int, count: int, share: bool = True) -> list[sock
     except socket.gaierror as e:
         raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
     family, _, _, _, addr = infos[0]
+    with ports.Claim(port):  # held from the probe until the group listens
+        return _group(host, port, family, addr, count, share)
+
+
+def _group(host: str, port: int, family: int, addr, count: int, share: bool) -> list[socket.socket]:
+    """The listeners, once the probe found the port free (orisha/ports.py)."""
+    taken = ports.probe(family, addr) if port else None
+    if taken is not None:
+        raise ServeError(_taken(host, port, taken))
     socks = []
     try:
         for _ in range(count):
@@ -65,9 +107,15 @@ def listeners(host: str, port: int, count: int, share: bool = True) -> list[sock
     except OSError as e:
         for s in socks:
             s.close()
-        what = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
-        raise ServeError(f"{host}:{port}: {what}") from None
+        raise ServeError(_taken(host, port, e)) from None
     return socks
+
+
+def _taken(host: str, port: int, e: OSError) -> str:
+    if e.errno != errno.EADDRINUSE:
+        return f"{host}:{port}: {e.strerror}"
+    who = ports.holder(port)
+    return f"{host}:{port}: port {port} is already in use" + (f" by {who}" if who else "")
 
 
 def _access_log(path: str):
@@ -88,19 +136,28 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         loop: str | None = None, limits: Limits | None = None, announce=print,
         access_log: str | None = None, admin_port: int | None = None,
         admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
-        tls_min: str = "1.2") -> int:
+        tls_min: str = "1.2", sites=None) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
     SIGHUP reloads a build folder with zero downtime: a new generation of
     workers starts on the same listeners, then the old one stops gracefully.
     ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
     ``tls_cert``/``tls_key``: the port speaks TLS (HTTP/2 by ALPN, orisha/protocols/tls.py);
-    a reload reads them anew. Without them: cleartext HTTP/1.1 and h2c.
+    a reload reads them anew. Without them: cleartext HTTP/1.1 and h2c. Both may be
+    sequences of as many files: SNI picks the certificate (``tls.by_sni``).
+    ``sites``: several sites, (host names, build folder) pairs, instead of ``build_dir``;
+    Host (HTTP/2: :authority) chooses one, the first answers unknown hosts.
     """
     protocols = _protocols(tls_cert, tls_key, tls_min)
     protocols()  # a bad certificate or key fails here, before any port is taken
-    reloadable = isinstance(build_dir, (str, os.PathLike))
-    site = load_site(build_dir) if reloadable else build_dir
+    reloadable = sites is not None or isinstance(build_dir, (str, os.PathLike))
+    if sites is not None:
+        site = load_sites(sites)
+        load = _site_loader(sites, site)
+        build_dir = ", ".join(names[0] for names, _ in sites)
+    else:
+        site = load_site(build_dir) if reloadable else build_dir
+        load = lambda: load_site(build_dir)  # noqa: E731
     name, loop_cls = _loop(loop or site.loop)
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
@@ -114,7 +171,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
             admin.close()
         raise
     sup = Supervisor(site, socks, loop_cls, limits or Limits(), log=log, admin=admin,
-                     load=(lambda: load_site(build_dir)) if reloadable else None,
+                     load=load if reloadable else None,
                      name=str(build_dir) if reloadable else "", protocols=protocols)
     sup.start()
     announce(_serving_line(socks[0].getsockname(), admin, name, workers, site,
@@ -136,14 +193,17 @@ def _loop(wanted: str):
 
 def _protocols(cert: str | None, key: str | None, minimum: str):
     """What makes each worker generation's protocols object (orisha/protocols/)."""
-    if cert is None and key is None:
+    certs = (cert,) if isinstance(cert, str) else tuple(cert or ())
+    keys = (key,) if isinstance(key, str) else tuple(key or ())
+    if not certs and not keys:
         from .protocols.front import Plain  # HTTP/1.1, and h2c for clients that know
         return Plain
-    if not (cert and key):
-        raise ServeError("--tls-cert and --tls-key go together")
+    if len(certs) != len(keys) or not all(certs) or not all(keys):
+        raise ServeError("--tls-cert and --tls-key go together (one key per certificate)")
     from .protocols import tls  # ssl is imported only by a server that speaks TLS
     print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs", file=sys.stderr)
-    return lambda: tls.Tls(tls.context(cert, key, minimum))
+    return lambda: tls.Tls(tls.by_sni([(c, tls.context(c, k, minimum))
+                                       for c, k in zip(certs, keys)]))
 
 
 def _url(addr, scheme: str = "http") -> str:

@@ -366,7 +366,10 @@ class Supervisor:
             # A generation that a reload has just forked may not have entered its loop yet:
             # still ready, connections wait on the listeners for the few ms that takes.
             why = ""
-        return Status(not why, why, per, self.restarts, self.reloads, len(self._draining()))
+        sites = tuple(zip(self.site.names_of, (x.summary for x in self.site.sites))) \
+            if hasattr(self.site, "names_of") else ()  # several sites (core/hosts.py)
+        return Status(not why, why, per, self.restarts, self.reloads, len(self._draining()),
+                      sites)
 
     def _answer_admin(self) -> None:
         answer(self.admin, self.status)

@@ -66,7 +66,9 @@ def test_port_in_use_is_one_line(builds):
         taken.listen()
         port = taken.getsockname()[1]
         r = orisha("serve", builds["notfound"], "--port", str(port), timeout=30)
-    assert r.returncode == 1 and r.stderr.strip() == f"orisha: error: 127.0.0.1:{port}: address already in use"
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"orisha: error: 127.0.0.1:{port}: port {port} is already in use by pid {os.getpid()}: "
+        + open(f"/proc/{os.getpid()}/cmdline").read().replace("\0", " ").strip()[:200])
 
 
 def test_not_a_build_is_one_line(tmp_path):
@@ -221,6 +223,7 @@ def test_an_admin_port_that_clashes_is_a_one_line_error(builds):
     try:
         r = orisha("serve", builds["notfound"], "--port", "0", "--admin-port", str(s.port), timeout=60)
         assert r.returncode == 1
-        assert r.stderr.strip() == f"orisha: error: 127.0.0.1:{s.port}: address already in use"
+        assert r.stderr.strip().startswith(
+            f"orisha: error: 127.0.0.1:{s.port}: port {s.port} is already in use by pid {s.proc.pid}: ")
     finally:
         assert s.stop() == 0

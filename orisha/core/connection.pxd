@@ -5,7 +5,8 @@
 cimport cython
 
 cdef class App:
-    cdef public object site, protocols, routes, limits, publish, log
+    cdef public object site, protocols, routes, limits, publish, log, hosts
+    cdef public dict views
     cdef public Py_ssize_t open
     cdef public list stats
     cdef public object log_lines

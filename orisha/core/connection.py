@@ -26,8 +26,9 @@ from typing import NamedTuple
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .outgoing import consume
-from .policy import (ALLOW, ERROR_PAGES, KNOWN_METHODS, LINGER, REASONS, SAFE_METHODS,
-                     STATS_SLOTS, Limits, Stat)
+from .policy import (ALLOW, ERROR_PAGES, KNOWN_METHODS, LINGER, MISDIRECTED, REASONS,
+                     SAFE_METHODS, STATS_SLOTS, Limits, Stat)
+from .hosts import Hosts
 from .request import HttpError, cannot_begin, parse_head
 from .matcher import match as match_rules
 from .ranges import multipart, range_set
@@ -77,6 +78,8 @@ def _error_response(status: int) -> tuple[bytes, bytes]:
 # The built-in error responses: status → (head without Date, body). The C core's
 # image carries these same bytes (orisha/targets/unikernel/image.py).
 ERRORS = {status: _error_response(status) for status in ERROR_PAGES}
+# Only a server of several sites answers it (not a page of the booted image's table).
+_MISDIRECTED = _error_response(MISDIRECTED)
 _END = re.compile(rb"\r?\n\r?\n")
 # The hot path's constants as module globals (cheaper to load than class attributes).
 _REQUESTS, _RESPONSE_BYTES, _ERROR_SLOT = Stat.REQUESTS, Stat.RESPONSE_BYTES, Stat.ERROR
@@ -95,8 +98,14 @@ class App:
     """
 
     def __init__(self, site: Site, limits: Limits | None = None, publish=None, log=None,
-                 protocols=None) -> None:
+                 protocols=None, hosts=None) -> None:
+        if site.__class__ is Hosts:  # several sites: the first answers unknown hosts
+            site, hosts = site.sites[0], site
         self.site = site
+        # ``hosts``: several sites (orisha/core/hosts.py), consulted once per new head in
+        # ``plan``; None for one site, which then does no host lookup at all.
+        self.hosts = hosts
+        self.views: dict = {}  # SNI-chosen site index → its App (``view``)
         # ``protocols``: what a connection speaks besides plain HTTP/1.1 — TLS, HTTP/2
         # (orisha/protocols/, chosen once at start-up); it makes each new connection.
         self.protocols = protocols
@@ -139,13 +148,30 @@ class App:
     def plan(self, head: bytes) -> tuple:
         # Kept as a plain tuple: CPython specialises unpacking for exact tuples only, and
         # ``_emit`` unpacks a plan per request (measured: a NamedTuple costs ~0.2 µs more).
-        plan = tuple(answer(self.site, self.routes, self.limits, head))
+        plan = tuple(answer(self.site, self.routes, self.limits, head, self.hosts))
         # A multipart 206 carries a body assembled for it (not a slice of the blob): not kept.
         if len(head) <= _PLAN_HEAD_MAX and not (plan[5] == 206 and plan[2].__class__ is bytes):
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[head] = plan
         return plan
+
+    def view(self, server_name) -> "App":
+        """The App a TLS connection whose SNI is ``server_name`` answers from: with several
+        sites and a name one of them holds, an App whose host table answers 421 for the
+        others (``Hosts.sole``), with its own plans and the same counters and log; else
+        this one. The caller hands the connection back (``app = ``) before its close."""
+        if self.hosts is None:
+            return self
+        i = self.hosts.index(server_name)
+        if i is None:
+            return self
+        v = self.views.get(i)
+        if v is None:
+            v = self.views[i] = App(self.hosts.sites[i], self.limits, protocols=self.protocols,
+                                    hosts=self.hosts.sole(i))
+            v.stats, v.log_lines = self.stats, self.log_lines
+        return v
 
     def connect(self, now: float, peer: str = "-") -> "Connection":
         self.stats[Stat.CONNECTIONS] += 1
@@ -263,7 +289,9 @@ class Connection:
         if status >= 400:
             stats[_ERROR_SLOT[status]] += 1
         if self.app.log_lines is not None:
-            self.app.log_lines.append(_log_line(self.peer, now, request, status, len(body)))
+            app = self.app
+            app.log_lines.append(_log_line(self.peer, now, request, status, len(body),
+                                           b"" if app.hosts is None else app.hosts.label(request)))
         out = self.out
         tail = tails[tail]
         out.append(head)
@@ -344,13 +372,17 @@ def _error_plan(status: int) -> Plan:
 _UNSAFE = re.compile(rb'[^\x20-\x7e]|["\\]')
 
 
-def _log_line(peer: str, now: float, head: bytes, status: int, size: int) -> bytes:
-    """One line of the common log format; the request line escaped, cut at 200 bytes."""
+def _log_line(peer: str, now: float, head: bytes, status: int, size: int,
+              site: bytes = b"") -> bytes:
+    """One line of the common log format; the request line escaped, cut at 200 bytes.
+    ``site``: with several sites, the one that answered comes first (as nginx's
+    ``vhost_combined`` puts the host first); ``-`` for a misdirected request."""
     line = head.split(b"\n", 1)[0].rstrip(b"\r")[:200]
     line = _UNSAFE.sub(lambda m: b"\\x%02x" % m.group()[0], line)
     d = format_http_date(int(now))  # b'Sun, 06 Nov 1994 08:49:37 GMT'
     stamp = b"%s/%s/%s:%s +0000" % (d[5:7], d[8:11], d[12:16], d[17:25])
-    return b'%s - - [%s] "%s" %d %d\n' % (peer.encode(), stamp, line, status, size)
+    return b'%s%s - - [%s] "%s" %d %d\n' % (site and site + b" ", peer.encode(), stamp, line,
+                                            status, size)
 
 
 log_line = _log_line  # public for the other protocol layers (orisha/protocols/h2.py)
@@ -360,11 +392,12 @@ def _tokens(value: bytes | None) -> set[bytes]:
     return {t.strip().lower() for t in value.split(b",")} if value else set()
 
 
-def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
+def answer(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None) -> Plan:
     """The plan for one request head.
 
     A plan depends on nothing but the head bytes and the build, so plans can be
     memoised; the Date line is the only per-second part and lives in the tail.
+    ``hosts``: several sites; the Host field chooses one (orisha/core/hosts.py).
     """
     try:
         req = parse_head(head, limits.target)
@@ -375,6 +408,12 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
     if framing.__class__ is Plan:
         return framing
     tail, close, discard = framing
+    if hosts is not None:
+        site = hosts.pick(fields.get(b"host"))
+        if site is None:  # another site's name on this connection's TLS server name
+            h, b = _MISDIRECTED
+            return Plan(h, tail, b if req.method != b"HEAD" else b"", close, discard, MISDIRECTED)
+        routes = site.routes
     method = req.method
     if method not in SAFE_METHODS:
         h, b = ERRORS[405 if method in KNOWN_METHODS else 501]

@@ -96,6 +96,14 @@ def _lines(head: bytes) -> list[bytes]:
     return lines
 
 
+def _origin(target: bytes, end: int, fields: dict) -> bytes:
+    """An absolute-form target's path; its authority replaces Host (RFC 9112 §3.2.2: it is
+    what names the site when a server has several)."""
+    fields[b"host"] = target[:end].partition(b"//")[2].rpartition(b"@")[2]
+    target = target[end:] or b"/"
+    return target if target[0] == 47 else b"/" + target
+
+
 def parse_head(head: bytes, max_target: int) -> Request:
     """Parse a complete head (without its final empty line)."""
     lines = _lines(head)
@@ -145,9 +153,7 @@ def parse_head(head: bytes, max_target: int) -> Request:
     if target[0] != 47:  # not origin-form
         a = _ABSOLUTE.match(target)
         if a is not None:
-            target = target[a.end():] or b"/"
-            if target[0] != 47:
-                target = b"/" + target
+            target = _origin(target, a.end(), fields)
         elif method in SAFE_METHODS:
             # authority-form is for CONNECT and asterisk-form for OPTIONS, both 405 below.
             raise HttpError(400, "malformed target")

@@ -8,12 +8,14 @@ is resolved by probing the platform without importing any loop library.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import select
 import signal
 import sys
+import time
 
 from ..compiled import pure
 from ..errors import LoopUnavailable
@@ -77,7 +79,8 @@ def _probe_io_uring() -> str | None:
         os.close(r)
         code = 0
         try:
-            import liburing as L
+            with liburing_import_lock():
+                import liburing as L
             if not hasattr(L, "io_uring"):
                 raise ImportError(f"liburing {L.__version__} lacks the 2024.x API "
                                   "(pip install liburing==2024.5.3)")
@@ -97,6 +100,46 @@ def _probe_io_uring() -> str | None:
     if os.waitstatus_to_exitcode(status):
         return message or f"the liburing probe exited with {os.waitstatus_to_exitcode(status)}"
     return None
+
+
+LOCK_WAIT = 10.0  # seconds: an import takes milliseconds; past this, import unguarded
+
+
+@contextlib.contextmanager
+def liburing_import_lock():
+    """Hold an exclusive lock on liburing's ``__init__.py`` while it is first imported.
+
+    liburing's ``__init__`` runs ``dynamic_import.importer``, which keeps a cache of the
+    package's names in ``liburing/__pycache__/__init__.importer-311.pyc`` — and, in
+    dynamic_import 2024.5.2, never manages to read it back (``load_cache`` unpacks six
+    values into four names, and its bare ``except`` turns that into "stale"), so every
+    import removes the file and writes it again. Two processes importing at the same
+    instant (two servers started at boot) race on it: one's ``remove`` finds the file
+    gone (FileNotFoundError), or it reads the other's half-written cache. A ``flock``
+    on the package's own ``__init__.py`` (opened read-only: it works on a root-owned
+    install too) serializes the imports of every Orisha process on the machine.
+    Nothing to lock (a frozen executable, where ``__init__`` is no file): no lock.
+    """
+    import fcntl
+    spec = importlib.util.find_spec("liburing")  # finds without running its __init__
+    try:
+        fd = os.open(spec.origin, os.O_RDONLY) if spec and spec.origin else -1
+    except OSError:  # not a file (frozen into an archive): nothing shares a cache there
+        fd = -1
+    try:
+        deadline = time.monotonic() + LOCK_WAIT
+        while fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another process is importing it right now
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the lock
 
 
 def resolve(name: str) -> tuple[str, str | None]:
@@ -147,7 +190,8 @@ def load(name: str):
     if name == "epoll" and not hasattr(select, "epoll"):
         raise LoopUnavailable("--loop epoll: this platform has no epoll (Linux does)")
     try:
-        return importlib.import_module(module_name).Loop
+        with liburing_import_lock() if name == "io-uring" else contextlib.nullcontext():
+            return importlib.import_module(module_name).Loop
     except ImportError as e:
         if module_name == MODULES[name]:
             raise LoopUnavailable(f"--loop {name}: {e}") from None

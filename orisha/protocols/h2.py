@@ -635,11 +635,11 @@ class H2Connection:
             plan = app.plans.get(head)
             if plan is None:
                 plan = app.plan(head)
-        self._respond(sid, plan, line, now)
+        self._respond(sid, plan, line, now, request=head)
         if self.refuse:
             self._go_away(Error.NO_ERROR)
 
-    def _respond(self, sid: int, plan, line: bytes, now: float) -> None:
+    def _respond(self, sid: int, plan, line: bytes, now: float, request: bytes = b"") -> None:
         head, _, body, _, _, status = plan
         app = self.app
         stats = app.stats
@@ -648,7 +648,8 @@ class H2Connection:
         if status >= 400:
             stats[Stat.ERROR[status]] += 1
         if app.log_lines is not None:
-            app.log_lines.append(log_line(self.peer, now, line, status, len(body)))
+            app.log_lines.append(log_line(self.peer, now, line, status, len(body),
+                                          b"" if app.hosts is None else app.hosts.label(request)))
         block = _BLOCKS.get(head) + _date_field(now)
         flags = END_HEADERS if body else END_HEADERS | END_STREAM
         out = self.out

@@ -91,22 +91,32 @@ class Blocks:
     """Head bytes → header block: the build's blocks of a site, then a memo of the rest,
     bounded so per-request heads cannot grow it."""
 
-    __slots__ = ("built", "site", "memo")
+    __slots__ = ("built", "site", "memo", "sites")
 
     def __init__(self) -> None:
         self.built: dict[bytes, bytes] = {}
         self.site = None
         self.memo: dict[bytes, bytes] = {}
+        # Several sites (``--site``): each one's table, so connections of alternating sites
+        # switch tables instead of rebuilding them. A worker never reloads in place, so
+        # the sites kept here are the ones it serves.
+        self.sites: dict = {}
 
     def take(self, site) -> None:
         """Use the blocks ``site``'s build encoded (once per site object)."""
         if site is self.site:
             return
-        self.site, self.built = site, {}
-        for v in _variants(site):
-            if v.h2:
-                self.built[v.head] = v.h2
-                self.built[v.head_304] = v.h2_304
+        built = self.sites.get(site)
+        if built is None:
+            built = {}
+            for v in _variants(site):
+                if v.h2:
+                    built[v.head] = v.h2
+                    built[v.head_304] = v.h2_304
+            if len(self.sites) >= 64:
+                self.sites.clear()
+            self.sites[site] = built
+        self.site, self.built = site, built
 
     def get(self, head: bytes) -> bytes:
         b = self.built.get(head)

@@ -88,6 +88,45 @@ def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
     return ctx
 
 
+def names(cert: str) -> tuple[str, ...]:
+    """The DNS names of the certificate file's first (leaf) certificate: its subjectAltName,
+    else its CN, in lower case. ``ssl._ssl._test_decode_cert`` is the stdlib's only reader
+    of a certificate that is not a peer's (``SSLContext.get_ca_certs`` lists CA ones only);
+    ``context`` has already checked the file."""
+    leaf = ssl._ssl._test_decode_cert(cert)
+    sans = [v.lower() for k, v in leaf.get("subjectAltName", ()) if k == "DNS"]
+    return tuple(sans or [v.lower() for rdn in leaf.get("subject", ()) for k, v in rdn
+                          if k == "commonName"])
+
+
+def by_sni(pairs: list[tuple[str, ssl.SSLContext]]) -> ssl.SSLContext:
+    """One context for several certificates: the first, whose ``sni_callback`` moves each
+    handshake to the context whose names match the client's SNI (RFC 6066 §3) — an exact
+    name before a wildcard (one label, RFC 6125 §6.4.3), the first certificate when the
+    name is absent or unknown. The name is kept on the SSLObject (``sni``) for the site.
+    ``pairs``: (certificate file, its context), in command-line order."""
+    first = pairs[0][1]
+    # Installed for one certificate too: the SNI it records is what keeps a server of
+    # several sites from answering another site's name over it (``App.view``: 421).
+    exact: dict[str, ssl.SSLContext] = {}
+    wild: dict[str, ssl.SSLContext] = {}
+    for cert, ctx in pairs:
+        for name in names(cert):
+            table, key = (wild, name[2:]) if name.startswith("*.") else (exact, name)
+            table.setdefault(key, ctx)
+
+    def choose(sslobj, server_name, _ctx):
+        sslobj.sni = server_name
+        if server_name:
+            name = server_name.lower().rstrip(".")
+            ctx = exact.get(name) or wild.get(name.partition(".")[2])
+            if ctx is not None and ctx is not first:
+                sslobj.context = ctx
+        return None  # go on with the handshake
+    first.sni_callback = choose
+    return first
+
+
 def probe_ktls() -> str:
     """Why the kernel does not encrypt here (see the Strategy): the reason, always given."""
     if not hasattr(ssl, "OP_ENABLE_KTLS"):
@@ -207,6 +246,7 @@ class TlsConnection:
             self.should_close = True
 
     def close(self) -> None:
+        self.inner.app = self.app  # from its SNI view: the connection is counted here
         self.inner.close()
 
     # -- steps -----------------------------------------------------------------
@@ -237,6 +277,8 @@ class TlsConnection:
             return
         self._flush_tls()
         self.state = self.OPEN
+        if self.app.hosts is not None:  # several sites: the SNI's site answers (or 421)
+            self.inner.app = self.app.view(getattr(self.tls, "sni", None))
         if self.tls.selected_alpn_protocol() == "h2":
             to_h2(self.inner, now, refuse=self.refuse)
         elif self.refuse:

@@ -107,6 +107,11 @@ def parser():
     p.add_argument("--health", nargs="?", const="", metavar="URL",
                    help="Probe URL (default http://127.0.0.1:$ADMIN_PORT/readyz) and exit 0 "
                         "on a 2xx, else 1: a HEALTHCHECK for an image without a shell or curl.")
+    p.add_argument("--site", dest="sites", action="append", metavar="HOST[=PATH]",
+                   help="Several sites: HOST (a,b: several names; *.example.org) alone names "
+                        "the build in this executable; HOST=PATH adds a build folder mounted "
+                        "into the container (`orisha build SITE -o PATH`). Repeat it; the first "
+                        "answers unknown hosts.")
     p.add_argument("--tls-cert", default=env("TLS_CERT"), metavar="FILE",
                    help="PEM certificate (chain allowed), mounted at run time: the port speaks "
                         "TLS, HTTP/2 and HTTP/1.1 by ALPN; SIGHUP reads it again [$TLS_CERT].")
@@ -141,12 +146,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
                    limits=limits, admin_port=args.admin_port, admin_host=args.admin_host,
-                   tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min)
+                   tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min,
+                   sites=sites(args.sites, site))
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
     drain(args.port, limits.grace)
     return code
+
+
+def sites(specs: list[str] | None, embedded) -> list | None:
+    """``--site`` values as ``server.run``'s (host names, build) pairs; None for one site."""
+    if not specs:
+        return None
+    from ...errors import ServeError
+    pairs = []
+    for spec in specs:
+        names, sep, path = spec.partition("=")
+        hosts = tuple(n.strip() for n in names.split(",") if n.strip())
+        if not hosts or (sep and not path):
+            raise ServeError(f"--site {spec!r}: expected HOST or HOST=PATH")
+        pairs.append((hosts, path if sep else embedded))
+    return pairs
 
 
 def stop_seconds(grace: float) -> float:

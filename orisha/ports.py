@@ -1,0 +1,142 @@
+"""A port belongs to one server: claim it before the workers' listeners share it.
+
+Strategy: the workers' listeners are ``SO_REUSEPORT`` sockets, and Linux lets
+*any* socket of the same effective UID join such a group (net/core/sock_reuseport.c:
+same uid, both with the option): a second ``orisha serve`` on a held port would
+bind, and the kernel would deal the connections out between the two servers.
+So before making its group the supervisor binds a *probe* on the address
+without ``SO_REUSEPORT`` (with ``SO_REUSEADDR``, so connections of a previous
+run in TIME_WAIT do not count): that bind fails with EADDRINUSE while any
+socket listens there, reuseport or not. The probe is closed and the group is
+bound at once; the listeners are made once, in the supervisor, so a reload's
+generation and every worker keep sharing them without another claim.
+
+Two servers started at the same instant could both pass their probes before
+either listens; a lock closes that window: an abstract Unix socket named for
+the port, bound from the probe to the group's ``listen``. Abstract names live
+in the network namespace — the very scope of the port — so it needs no file,
+works in a FROM-scratch container and vanishes with its process.
+
+Who holds the port is read from ``/proc/net/tcp{,6}`` (the listener's inode)
+and ``/proc/PID/fd`` (which process has that inode open): the supervisor, not
+its workers, is named. Only processes of our own user are readable, which are
+the only ones whose sockets could have joined the group anyway.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import sys
+import time
+
+from .errors import ServeError
+
+LOCK_WAIT = 5.0  # seconds another server's start-up may hold the port's lock
+_LISTEN = "0A"  # /proc/net/tcp state of a listener (TCP_LISTEN)
+
+
+class Claim:
+    """The port's lock, held from the probe until the group listens (a context manager)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.lock = port, None
+
+    def __enter__(self) -> "Claim":
+        if self.port and sys.platform.startswith("linux"):
+            self.lock = _lock(self.port)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.close()
+
+
+def _lock(port: int) -> socket.socket | None:
+    name = b"\0orisha-port-%d" % port
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(name)
+            return s
+        except OSError as e:
+            s.close()
+            if e.errno != errno.EADDRINUSE:  # a sandbox without Unix sockets: the probe alone
+                return None
+        # EADDRINUSE: another server is between its probe and its listen (a few ms)
+        if time.monotonic() > deadline:
+            raise ServeError(f"port {port}: another server has been starting on it for "
+                             f"{LOCK_WAIT:g} s")
+        time.sleep(0.005)
+
+
+def probe(family: int, addr) -> OSError | None:
+    """None when nothing listens on ``addr``; else the bind's error (EADDRINUSE)."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(addr)
+        return None
+    except OSError as e:
+        return e
+    finally:
+        s.close()
+
+
+def holder(port: int) -> str | None:
+    """"pid N: COMMAND" of the process that listens on ``port``, when /proc tells."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    pids = set()
+    for pid in filter(str.isdigit, _listdir("/proc")):
+        for fd in _listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed meanwhile, or not ours to read
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                pids.add(int(pid))
+                break
+    top = [p for p in pids if _ppid(p) not in pids]  # the supervisor, not its workers
+    if not top:
+        return None
+    pid = min(top)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid}: {cmd[:200]}" if cmd else f"pid {pid}"
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:  # not Linux, or no IPv6
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:  # a process that exited, or one of another user
+        return []
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
