@@ -50,7 +50,8 @@ pytestmark = [pytest.mark.slow,
 HEAD_TIMEOUT = 10.0
 SEND_TIMEOUT = 8.0
 WAIT = 30          # a socket operation that takes longer counts as a hang
-TABLE = 128        # ORISHA_CONN_TABLE (unikernel/port/lwipopts.h)
+with open(os.path.join(ROOT, "unikernel", "port", "lwipopts.h")) as _f:
+    TABLE = int(re.search(r"#define ORISHA_CONN_TABLE\s+(\d+)", _f.read()).group(1))
 INDEX = b"<!doctype html><title>hostile</title><p>still serving</p>\n"
 BIG = random.Random(24).randbytes(5 * 1024 * 1024)
 GET_INDEX = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
