@@ -10,8 +10,9 @@ One TLS build of two files (an index page and a 5 MB file), booted once, with
 - 20 plain and 20 TLS connections that pipeline downloads of the 5 MB file and
   stop reading do not stop others from being served, and the send timeout ends
   them;
-- with every slot of the table busy writing to a client that does not read, a
-  flood of new connections is answered with the core's 503 and ``Retry-After``
+- with every slot of the table busy writing to a client that does not read (a
+  boot of its own with a longer send timeout), a flood of new connections is
+  answered with the core's 503 and ``Retry-After``
   (the bytes of ``orisha/core/connection.py`` ``ERRORS``, as ``--max-connections``
   on the hosted loops), never silence;
 - the serial log's stats lines show the displacements and refusals, and lwIP's
@@ -61,11 +62,11 @@ GET_BIG = b"GET /big.bin HTTP/1.1\r\nHost: x\r\nAccept-Encoding: identity\r\n\r\
 class Vm:
     """``orisha boot`` of the TLS build: ``port`` (https), ``http_port``, the serial log."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, send_timeout: float = SEND_TIMEOUT) -> None:
         self.log: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orisha.cli", "boot", out, "--port", "0", "--http-port", "0",
-             "--head-timeout", str(HEAD_TIMEOUT), "--send-timeout", str(SEND_TIMEOUT),
+             "--head-timeout", str(HEAD_TIMEOUT), "--send-timeout", str(send_timeout),
              "--idle-timeout", "15"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         self._drain = threading.Thread(target=lambda: self.log.extend(self.proc.stderr),
@@ -119,7 +120,7 @@ def pki(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vm(pki):
+def built(pki):
     tmp = tempfile.mkdtemp(prefix="orisha-uk-hostile-")
     try:
         site = os.path.join(tmp, "site")
@@ -130,13 +131,18 @@ def vm(pki):
             f.write(BIG)
         out = os.path.join(tmp, "out")
         build(site, ["--tls-cert", pki.chain, "--tls-key", pki.key], out)
-        booted = Vm(out)
-        try:
-            yield booted
-        finally:
-            booted.stop()
+        yield out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def vm(built):
+    booted = Vm(built)
+    try:
+        yield booted
+    finally:
+        booted.stop()
 
 
 def _reset(s: socket.socket) -> None:
@@ -268,16 +274,19 @@ def test_clients_that_never_read_do_not_stop_the_others(vm, pki):
             _reset(s)
 
 
-def test_a_flood_over_a_busy_table_gets_503_not_silence(vm, pki):
+def test_a_flood_over_a_busy_table_gets_503_not_silence(built, pki):
     """Every slot of the table busy writing to a client that does not read; then 40
-    more connections (20 plain, 20 TLS): each is answered at once, with the core's
-    503 and Retry-After (connection.py ERRORS[503], a Date line between) while the
-    table is busy; none waits in silence, no busy connection gives way, and the
-    stats line counts the refused."""
+    more connections (20 plain, 20 TLS): each is answered at once with the core's
+    503 and Retry-After (connection.py ERRORS[503], a Date line between); none
+    waits in silence, no busy connection gives way, the stats line counts the
+    refused, and once the busy ones are gone the table admits again. Its own boot
+    with a send timeout of a minute, so that no busy one ends while the flood
+    runs (QEMU's socket to each absorbs a few MB first: on a loaded machine
+    filling 128 of them takes seconds)."""
     head, body = ERRORS[503]
     assert b"Retry-After: 1\r\n" in head
-    before = vm.stats()[-1] if vm.stats() else {"displaced": 0, "killed": 0, "refused": 0}
-    busy, refused = [], 0
+    vm = Vm(built, send_timeout=60)
+    busy = []
     try:
         for _ in range(TABLE):
             busy.append(_connect(vm.http_port, rcvbuf=16384))
@@ -287,42 +296,46 @@ def test_a_flood_over_a_busy_table_gets_503_not_silence(vm, pki):
             with s:
                 s.sendall(GET_INDEX)
                 resp = _read_response(s)
-            if resp.startswith(b"HTTP/1.1 200 OK\r\n"):  # a busy one reached its send timeout
-                assert resp.endswith(INDEX), resp
-                continue
-            assert resp.startswith(head) and resp.endswith(body), resp
+            assert resp.startswith(head) and resp.endswith(body), (i, resp)
             assert re.match(rb"Date: [^\r]+ GMT\r\n", resp[len(head):]), resp
-            refused += 1
-        assert refused >= 20, f"{refused} of 40 refused"
-        st = vm.wait_stats(lambda st: st["refused"] >= before["refused"] + refused,
-                           f"{refused} more refused")
-        assert st["displaced"] == before["displaced"], (before, st)
+        st = vm.wait_stats(lambda st: st["refused"] >= 40, "40 refused")
+        assert st["displaced"] == 0 and st["killed"] == 0, st
+        for s in busy:
+            _reset(s)
+        busy.clear()
+        # The resets reach the guest through QEMU; then the table admits again.
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                _served(lambda: _connect(vm.http_port), "after the flood")
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        vm.stop()
+        _assert_bounded(vm.stats(), vm.log)
     finally:
         for s in busy:
             _reset(s)
-    # Once the busy ones are gone the table admits again.
-    deadline = time.monotonic() + WAIT
-    while True:
-        try:
-            _served(lambda: _connect(vm.http_port), "after the flood")
-            break
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+        vm.stop()
 
 
-def test_memory_stayed_bounded(vm):
-    """After the rest: the serial log's stats (the last one written at the stop)
-    never show a failed heap allocation, an exhausted pool or a dropped frame."""
-    vm.stop()
-    stats = vm.stats()
-    assert stats, "".join(vm.log)
-    last = stats[-1]
-    assert last["displaced"] > 0 and last["refused"] >= 20, last
+def _assert_bounded(stats: list[dict[str, int]], log: list[str]) -> None:
+    assert stats, "".join(log)
     for st in stats:
         assert st["heap_failed"] == 0 and st["heap_peak"] < st["heap_size"], st
         assert st["pbufs_peak"] < st["pbufs"] and st["segs_peak"] < st["segs"], st
     # Frames dropped for want of memory (net.c rx_frame): none.
-    nets = re.findall(r"rx_dropped (\d+)", "".join(vm.log))
+    nets = re.findall(r"rx_dropped (\d+)", "".join(log))
     assert nets and all(n == "0" for n in nets), nets
+
+
+def test_memory_stayed_bounded(vm):
+    """After the stalls and the non-readers: the serial log's stats (the last one
+    written at the stop) never show a failed heap allocation, an exhausted pool
+    or a frame dropped."""
+    vm.stop()
+    stats = vm.stats()
+    _assert_bounded(stats, vm.log)
+    assert stats[-1]["displaced"] > 0 and stats[-1]["send_timeouts"] >= 40, stats[-1]
