@@ -15,8 +15,16 @@
 #define MEM_LIBC_MALLOC             0
 #define MEMP_MEM_MALLOC             0
 #define MEM_ALIGNMENT               8
+/*
+ * The heap's budget (http.c keeps each part bounded; see "Memory" in
+ * unikernel/README.md): input held for the core, at most a receive window per
+ * connection (ORISHA_CONN_TABLE x TCP_WND, 2 MiB, plus frame overhead); TLS
+ * records queued for sending (TLS_QUEUE_ALL in http.c, 1.5 MiB); segment
+ * headers of queued data (~100 bytes each); the rest for frames in flight.
+ * Touched lazily: it costs guest RAM only as far as it is used.
+ */
 #ifndef MEM_SIZE /* overridable (EXTRA_CFLAGS) for starvation tests */
-#define MEM_SIZE                    (2 * 1024 * 1024)
+#define MEM_SIZE                    (5 * 1024 * 1024)
 #endif
 /*
  * Every memp element is linked at lwip_init(), touching all pool pages; under
@@ -24,12 +32,22 @@
  * (received frames, copied TCP data) comes from the heap, touched lazily.
  */
 #ifndef MEMP_NUM_PBUF
-#define MEMP_NUM_PBUF               2048   /* PBUF_ROM/REF: zero-copy body segments */
+#define MEMP_NUM_PBUF               4096   /* PBUF_ROM/REF: zero-copy body segments */
 #endif
-#define MEMP_NUM_TCP_PCB            128
+/*
+ * The connection table (http.c): ORISHA_CONN_TABLE connections are served at
+ * once; lwIP's PCB pool holds ORISHA_CONN_RESERVE more, for handshakes in
+ * progress (SYN_RCVD), 503s to connections that cannot be admitted, lingering
+ * closes and TIME_WAIT. A full table displaces a connection that is waiting
+ * for a head, or idle (http.c admit); the reserve is what lets a connection
+ * beyond the table be answered (503) instead of dropped at its SYN.
+ */
+#define ORISHA_CONN_TABLE           128
+#define ORISHA_CONN_RESERVE         64
+#define MEMP_NUM_TCP_PCB            (ORISHA_CONN_TABLE + ORISHA_CONN_RESERVE)
 #define MEMP_NUM_TCP_PCB_LISTEN     4
 #ifndef MEMP_NUM_TCP_SEG
-#define MEMP_NUM_TCP_SEG            2048
+#define MEMP_NUM_TCP_SEG            4096   /* send queues: a floor per connection, the rest shared (http.c) */
 #endif
 #define MEMP_NUM_UDP_PCB            4
 #define MEMP_NUM_ARP_QUEUE          64
@@ -59,7 +77,11 @@
 #define TCP_MSS                     1460
 #define LWIP_WND_SCALE              1
 #define TCP_RCV_SCALE               2
-#define TCP_WND                     (64 * 1024)
+/* The receive window is also what a connection may hold unread in the heap
+ * (http.c counts bytes received only once the core takes them): 16 KiB keeps
+ * a full table of pipelining clients within the heap; a static server
+ * receives little more than request heads. */
+#define TCP_WND                     (16 * 1024)
 #define TCP_SND_BUF                 (256 * 1024)
 #define TCP_SND_QUEUELEN            (4 * TCP_SND_BUF / TCP_MSS)
 #define TCP_SNDLOWAT                (32 * 1024)     /* must stay < 0xffff - 4*MSS */
@@ -91,7 +113,20 @@
 #define CHECKSUM_CHECK_UDP          1
 #define LWIP_CHKSUM_ALGORITHM       3
 
-#define LWIP_STATS                  0
+/* Heap and pool counters only (used, peak, failed allocations): the serial
+ * log's stats line (http.c). */
+#define LWIP_STATS                  1
+#define LINK_STATS                  0
+#define ETHARP_STATS                0
+#define IP_STATS                    0
+#define ICMP_STATS                  0
+#define UDP_STATS                   0
+#define TCP_STATS                   0
+#define MEM_STATS                   1
+#define MEMP_STATS                  1
+#define SYS_STATS                   0
+/* lwIP's own timers and http.c's stats tick. */
+#define MEMP_NUM_SYS_TIMEOUT        (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 1)
 #define LWIP_DEBUG                  0
 
 #endif

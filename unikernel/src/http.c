@@ -36,28 +36,61 @@
 #include <string.h>
 #include "lwip/tcp.h"
 #include "lwip/priv/tcp_priv.h" /* tcp_active_pcbs: queued and unacknowledged segments */
+#include "lwip/stats.h"
+#include "lwip/timeouts.h"
 #include "core.h"
 #include "http.h"
+#include "net.h"
 #include "platform.h"
 #include "tls.h"
 #include "h2.h"
 
 #define HTTP_PORT 80
-/* One slot per lwIP PCB: a slot is always free when lwIP could accept. */
+/* One slot per lwIP PCB: a slot is always free when lwIP could accept. At most
+ * HTTP_TABLE of them are admitted (served); the rest of the pool is the reserve
+ * (lwipopts.h) that answers a connection the table cannot admit with a 503. */
 #define HTTP_CONNS MEMP_NUM_TCP_PCB
+#define HTTP_TABLE ORISHA_CONN_TABLE
+#define STATS_MS 1000            /* the stats line: at most this often, when something changed */
 #define POLL_INTERVAL 1          /* x 500 ms (lwIP's slow timer) */
 #define MAX_WRITE 0xf000u        /* tcp_write takes a u16 length */
 #define COPY_BELOW 512           /* heads up to this size are copied into the segment */
 /* The most pbufs one tcp_write adds: a segment per MSS, each a header and a data pbuf. */
 #define WRITE_PBUFS (2 * (MAX_WRITE / TCP_MSS + 2))
-/* Pbufs response data may hold in lwIP's send queues, all connections together: the
- * segment pool less a SYN-ACK or FIN for every slot (see may_queue). */
-#define QUEUE_LIMIT (MEMP_NUM_TCP_SEG - HTTP_CONNS - WRITE_PBUFS)
-/* Records a TLS connection keeps queued in lwIP: copies, from lwIP's heap, so all
- * of them together stay within half of it (the rest holds received frames). 64 KiB
- * each held one download to ~15 MB/s behind QEMU's user networking, 192 to ~30. */
+/*
+ * Send memory. A connection's queued response data holds pbufs and segments from
+ * lwIP's pools (zero-copy body data: a segment header and a ROM pbuf per MSS)
+ * and, for TLS, copies of its records in lwIP's heap. Each connection may
+ * queue its floor; beyond it, it borrows from what the floors of a full table
+ * leave, up to its cap. So a client that does not read holds at most its cap
+ * until the send timeout ends it, and however many do, every other connection
+ * still has its floor: a small response, or a slower download. (A share of
+ * the pool by the number of connections open at the time of each write let
+ * the first downloads keep what they took while few were open: twenty that did
+ * not read starved every connection that came after them.)
+ *
+ * Pbufs for response data, all connections together: the segment pool less a
+ * SYN-ACK or FIN, and a small response, for every slot (see queue_room), and
+ * the most one write adds beyond its check.
+ */
+#define QUEUE_LIMIT (MEMP_NUM_TCP_SEG - 4 * HTTP_CONNS - WRITE_PBUFS)
+#define QUEUE_FLOOR 12           /* pbufs: a small response, or 4 MSS of a body */
+#define QUEUE_CAP 384            /* pbufs: about TCP_SND_BUF of zero-copy segments */
+#define QUEUE_BORROW (QUEUE_LIMIT - HTTP_TABLE * QUEUE_FLOOR)
+/* The TLS records a connection keeps queued in lwIP's heap, in bytes: its floor,
+ * its cap, and all of them together. 64 KiB each held one download to ~15 MB/s
+ * behind QEMU's user networking, 192 to ~30. */
+#define TLS_FLOOR (4 * 1024)
 #define TLS_QUEUE (192 * 1024)
-#define TLS_QUEUE_ALL (MEM_SIZE / 2)
+#define TLS_QUEUE_ALL (1536 * 1024)
+#define TLS_BORROW (TLS_QUEUE_ALL - HTTP_TABLE * TLS_FLOOR)
+_Static_assert(QUEUE_BORROW >= 2 * QUEUE_CAP && TLS_BORROW >= 2 * TLS_QUEUE,
+               "send memory: a full table's floors leave too little to borrow");
+/* Input held for the core is coalesced when its pbufs (a frame each, with ~100
+ * bytes of headers and bookkeeping) would cost more than the bytes they hold:
+ * a client sending a byte per segment cannot make its window cost 100 times
+ * its size. */
+#define INPUT_PBUFS 16
 /* Response bytes gathered into one TLS record when a segment is short (a head,
  * its Date tail, a small body; an HTTP/2 frame header and its payload): one
  * full record instead of several. */
@@ -80,8 +113,38 @@ struct hconn {
     uint8_t started;             /* TLS: handshake done, protocol chosen */
     uint8_t sniffed;             /* TLS: the first byte was looked at (sniff) */
     uint8_t plain_eof;           /* h2: the peer's close_notify or EOF was passed on */
+    uint8_t served;              /* a request head was completed (then idle = keep-alive) */
+    uint8_t refused;             /* beyond the table: its 503, then the close */
     struct core_conn core;
 };
+
+/*
+ * A full table: who gives way. lwIP needs a PCB at a SYN (tcp_listen_input ->
+ * tcp_alloc), long before the accept callback, and when its pool is empty it
+ * frees TIME_WAIT, LAST_ACK and CLOSING PCBs, then aborts the active PCB of the
+ * lowest priority below the listener's, the longest inactive (tcp_kill_prio);
+ * a SYN that finds nothing is dropped in silence. So each connection carries
+ * its class as its lwIP priority (tcp_setprio, kept current by pump): waiting
+ * for a head (a handshake included) lowest, then idle keep-alive, then done
+ * (its last response queued, lingering); new PCBs take the listener's
+ * priority, and a connection writing a response is never a candidate. That
+ * is the fallback when the whole pool is taken. The policy itself runs at
+ * accept, where the connection's own clock is known (admit): beyond
+ * HTTP_TABLE admitted connections, the one that has waited longest without
+ * completing a request head gives way (aborted: a RST, its slot and TLS
+ * session freed), then the longest idle keep-alive one; when every admitted
+ * connection is busy the newcomer is refused with the core's 503 (the same
+ * bytes and Retry-After as --max-connections, orisha/core/connection.py
+ * ERRORS), from a reserve PCB, then lingers like any last response.
+ */
+enum {
+    CLASS_HEAD = 1,              /* no complete request head yet (or a TLS handshake) */
+    CLASS_IDLE = 2,              /* keep-alive, nothing asked */
+    CLASS_DONE = 3,              /* last response queued, lingering, refused */
+    CLASS_LISTEN = 4,            /* the listeners: new PCBs inherit it (tcp_alloc(prio)) */
+    CLASS_BUSY = TCP_PRIO_MAX,   /* writing a response: never displaced */
+};
+static uint64_t displaced, refused, killed, send_timeouts;
 
 static struct hconn conns[HTTP_CONNS];
 static uint32_t open_conns;
@@ -210,21 +273,50 @@ static err_t abort_conn(struct hconn *h)
 }
 
 /*
- * Whether a connection may queue more response data. lwIP takes a SYN-ACK's (and
- * a FIN's) segment from the pool data segments come from, and silently drops a
- * SYN it cannot answer: the client then waits for its own retransmission, six
- * seconds under QEMU's user networking. Twenty bulk downloads fill the pool, so
- * data stops short of it by a segment per slot (snd_queuelen counts pbufs, at
- * least one per segment: a bound). Each connection also stops at its share, so
- * the ones that wait for room (from the poll timer) find some as the others are
- * acknowledged, instead of losing every race to them.
+ * Pbufs this connection may still add to its send queue (see QUEUE_FLOOR). The
+ * pool it comes from also holds a SYN-ACK's (and a FIN's) segment, and lwIP
+ * silently drops a SYN it cannot answer (the client then waits for its own
+ * retransmission, six seconds under QEMU's user networking): QUEUE_LIMIT stops
+ * short of that. snd_queuelen counts pbufs, at least one per segment: a bound
+ * on both pools.
  */
-static int may_queue(const struct tcp_pcb *pcb)
+static uint32_t queue_room(const struct tcp_pcb *pcb)
 {
-    uint32_t queued = 0;
+    uint32_t mine = pcb->snd_queuelen, borrowed = 0;
+    if (mine >= QUEUE_CAP)
+        return 0;
     for (const struct tcp_pcb *p = tcp_active_pcbs; p; p = p->next)
-        queued += p->snd_queuelen;
-    return queued <= QUEUE_LIMIT && pcb->snd_queuelen <= QUEUE_LIMIT / open_conns;
+        if (p->snd_queuelen > QUEUE_FLOOR)
+            borrowed += p->snd_queuelen - QUEUE_FLOOR;
+    uint32_t room = (mine < QUEUE_FLOOR ? QUEUE_FLOOR - mine : 0) +
+                    (borrowed < QUEUE_BORROW ? QUEUE_BORROW - borrowed : 0);
+    return room < QUEUE_CAP - mine ? room : QUEUE_CAP - mine;
+}
+
+/* The most bytes one tcp_write may take with `room` pbufs (WRITE_PBUFS' count:
+ * two per MSS and two more); 0 below one MSS. */
+static size_t bytes_for(uint32_t room)
+{
+    return room >= 6 ? (size_t)(room / 2 - 2) * TCP_MSS : 0;
+}
+
+/* Bytes of TLS records this connection may still queue (see TLS_FLOOR). */
+static size_t tls_room(const struct hconn *h)
+{
+    size_t mine = TCP_SND_BUF - h->pcb->snd_buf, borrowed = 0;
+    if (mine >= TLS_QUEUE)
+        return 0;
+    for (int i = 0; i < HTTP_CONNS; i++) {
+        const struct hconn *o = &conns[i];
+        if (o->used && o->tls && o->pcb) {
+            size_t q = TCP_SND_BUF - o->pcb->snd_buf;
+            if (q > TLS_FLOOR)
+                borrowed += q - TLS_FLOOR;
+        }
+    }
+    size_t room = (mine < TLS_FLOOR ? TLS_FLOOR - mine : 0) +
+                  (borrowed < TLS_BORROW ? TLS_BORROW - borrowed : 0);
+    return room < TLS_QUEUE - mine ? room : TLS_QUEUE - mine;
 }
 
 /* Past n bytes of the response being written. */
@@ -269,13 +361,11 @@ static int write_tls(struct hconn *h, struct core_resp *r)
             p = gather;
             n = g;
         }
-        size_t queued = TCP_SND_BUF - pcb->snd_buf; /* tcp_sndbuf() caps at 64 KiB */
-        size_t share = TLS_QUEUE_ALL / open_conns < TLS_QUEUE ? TLS_QUEUE_ALL / open_conns : TLS_QUEUE;
-        size_t room = queued < share ? share - queued : 0;
-        if (room > tcp_sndbuf(pcb))
+        size_t room = tls_room(h), pbufs = bytes_for(queue_room(pcb)); /* copies: a pbuf per MSS */
+        if (room > pbufs)
+            room = pbufs;
+        if (room > tcp_sndbuf(pcb)) /* tcp_sndbuf() caps at 64 KiB */
             room = tcp_sndbuf(pcb);
-        if (!may_queue(pcb))
-            return 0;
         long w = tls_write(h->tls, p, n, room);
         if (w < 0)
             return abort_conn(h), -1; /* a broken session */
@@ -298,12 +388,14 @@ static int write_resp(struct hconn *h)
     while (h->seg < r->n) {
         const struct core_seg *s = &r->seg[h->seg];
         size_t n = s->len - h->seg_off;
-        size_t room = tcp_sndbuf(pcb);
+        size_t room = tcp_sndbuf(pcb), pbufs = bytes_for(queue_room(pcb));
         if (n > room)
             n = room;
+        if (n > pbufs)
+            n = pbufs;
         if (n > MAX_WRITE)
             n = MAX_WRITE;
-        if (n == 0 || !may_queue(pcb))
+        if (n == 0)
             return 0;
         int more = h->seg_off + n < s->len || h->seg + 1 < r->n;
         u8_t flags = (more ? TCP_WRITE_FLAG_MORE : 0) |
@@ -416,8 +508,71 @@ static void sniff(struct hconn *h)
                 policy_tls_plain_body, sizeof policy_tls_plain_body - 1);
 }
 
+/* The connection's class (CLASS_*): its lwIP priority and its place in admit. */
+static int klass(const struct hconn *h)
+{
+    const struct tcp_pcb *pcb = h->pcb;
+    if (h->refused || h->closing || h->lingering)
+        return CLASS_DONE;
+    if (h->tls && !h->started)
+        return CLASS_HEAD;
+    int writing = pcb->unsent || pcb->unacked;
+    if (h->h2)
+        return writing ? CLASS_BUSY : CLASS_IDLE;
+    const struct core_conn *c = &h->core;
+    if (writing || c->resp.n)
+        return CLASS_BUSY;
+    if (!h->served || c->len > c->start || c->discard)
+        return CLASS_HEAD;
+    return CLASS_IDLE;
+}
+
+/* How long it has waited in its class: since the accept for a handshake, else
+ * since the core's current wait began (the connect, or the last response's
+ * acknowledgement). */
+static uint64_t waited(const struct hconn *h, uint64_t now)
+{
+    return now - (h->tls && !h->started ? h->accepted : h->core.since);
+}
+
+/*
+ * A new connection's admission (see CLASS_*): 1 admitted, when the table has
+ * room or a waiting or idle connection gave way; 0 when every admitted one is
+ * busy, and the newcomer gets a 503.
+ */
+static int admit(uint64_t now)
+{
+    struct hconn *victim = NULL;
+    int admitted = 0, vclass = CLASS_DONE;
+    uint64_t vwait = 0;
+    for (int i = 0; i < HTTP_CONNS; i++) {
+        struct hconn *h = &conns[i];
+        if (!h->used)
+            continue;
+        int k = klass(h);
+        if (k == CLASS_DONE)
+            continue;
+        admitted++;
+        uint64_t w = waited(h, now);
+        if (k < vclass || (k == vclass && w > vwait)) {
+            victim = h;
+            vclass = k;
+            vwait = w;
+        }
+    }
+    if (admitted < HTTP_TABLE)
+        return 1;
+    if (!victim) {
+        refused++;
+        return 0;
+    }
+    abort_conn(victim);
+    displaced++;
+    return 1;
+}
+
 /* Answer whatever can be answered now; returns ERR_ABRT if the pcb is gone. */
-static err_t pump(struct hconn *h)
+static err_t pump_io(struct hconn *h)
 {
     struct core_conn *c = &h->core;
     uint64_t now = now_ms();
@@ -444,8 +599,10 @@ static err_t pump(struct hconn *h)
             tcp_output(h->pcb);
             return linger(h);
         }
-        if (core_next(c, now))
+        if (core_next(c, now)) {
+            h->served = 1;
             continue;
+        }
         if (core_done(c))
             continue;
         if (h->tls) {
@@ -484,6 +641,29 @@ static err_t pump(struct hconn *h)
     return ERR_OK;
 }
 
+/* pump_io, then the connection's class as its lwIP priority (see CLASS_*). */
+static err_t pump(struct hconn *h)
+{
+    err_t e = pump_io(h);
+    if (e != ERR_ABRT && h->used && h->pcb)
+        tcp_setprio(h->pcb, (u8_t)klass(h));
+    return e;
+}
+
+/* See INPUT_PBUFS. tot_len cannot wrap: what is held is within the window. When
+ * the heap has no room for the copy, the chain stays as it is. */
+static void compact_input(struct hconn *h)
+{
+    u16_t n = pbuf_clen(h->in);
+    if (n < INPUT_PBUFS || (uint32_t)n * 128 <= h->in->tot_len)
+        return;
+    struct pbuf *q = pbuf_clone(PBUF_RAW, PBUF_RAM, h->in);
+    if (q) {
+        pbuf_free(h->in);
+        h->in = q;
+    }
+}
+
 static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
 {
     struct hconn *h = arg;
@@ -503,10 +683,12 @@ static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
         h->peer_eof = 1;
         return pump(h);
     }
-    if (h->in)
+    if (h->in) {
         pbuf_cat(h->in, p);
-    else
+        compact_input(h);
+    } else {
         h->in = p;
+    }
     return pump(h);
 }
 
@@ -542,20 +724,27 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
         now_ms() - h->accepted > core_limits.head_timeout)
         return close_conn(h); /* a slow or silent handshake */
     if (h->h2) {
-        if (h2_tick(h->h2, now_ms(), pcb->unsent || pcb->unacked))
+        if (h2_tick(h->h2, now_ms(), pcb->unsent || pcb->unacked)) {
+            send_timeouts++;
             return abort_conn(h); /* a reader that takes nothing is dropped */
+        }
         return pump(h);
     }
     int writing = h->core.resp.n || pcb->unsent || pcb->unacked;
-    if (core_tick(&h->core, now_ms(), writing))
-        return writing ? abort_conn(h) : close_conn(h); /* a reader that takes nothing is dropped */
+    if (core_tick(&h->core, now_ms(), writing)) {
+        if (!writing)
+            return close_conn(h); /* idle */
+        send_timeouts++;
+        return abort_conn(h); /* a reader that takes nothing is dropped */
+    }
     return pump(h); /* a 408, or output that ERR_MEM held back */
 }
 
 static void on_err(void *arg, err_t err)
 {
-    (void)err;
     struct hconn *h = arg;
+    if (h && err == ERR_ABRT)
+        killed++; /* tcp_kill_prio at a full PCB pool, or retransmissions gave up */
     if (h) { /* the pcb is already freed by lwIP */
         if (h->in)
             pbuf_free(h->in);
@@ -568,6 +757,8 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
 {
     if (err != ERR_OK || !pcb)
         return ERR_VAL;
+    uint64_t now = now_ms();
+    int admitted = admit(now); /* before taking a slot or a TLS session: a victim frees both */
     struct hconn *h = NULL;
     for (int i = 0; i < HTTP_CONNS; i++) {
         if (!conns[i].used) {
@@ -591,20 +782,25 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->tls = NULL;
     h->h2 = NULL;
     h->started = h->plain_eof = h->sniffed = 0;
+    h->served = 0;
+    h->refused = !admitted;
     if (arg == &tls_port && !(h->tls = tls_new(pcb, &h->in, &h->peer_eof))) {
         h->used = 0; /* the TLS heap is full: refuse, as the PCB pool refuses SYNs */
         tcp_abort(pcb);
         return ERR_ABRT;
     }
     open_conns++;
-    h->open = open_conns;
-    core_connect(&h->core, now_ms(), open_conns); /* over the limit: a 503 to write */
+    /* Over the limit, or refused by admit (UINT32_MAX: above any limit, see
+     * limits_from_cmdline): a 503 to write (h2: one per stream). */
+    h->open = admitted ? open_conns : UINT32_MAX;
+    core_connect(&h->core, now, h->open);
     tcp_arg(pcb, h);
     tcp_recv(pcb, on_recv);
     tcp_sent(pcb, on_sent);
     tcp_err(pcb, on_err);
     tcp_poll(pcb, on_poll, POLL_INTERVAL);
     tcp_nagle_disable(pcb);
+    tcp_setprio(pcb, (u8_t)klass(h));
     err_t e = pump(h);
     return e == ERR_ABRT ? ERR_ABRT : ERR_OK;
 }
@@ -655,6 +851,8 @@ static void limits_from_cmdline(void)
         l->target = CORE_TARGET_MAX;
     if (l->head < 16)
         l->head = 16;
+    if (l->connections >= UINT32_MAX) /* counts are u32; UINT32_MAX marks a refusal */
+        l->connections = UINT32_MAX - 1;
     if (platform_verbose()) {
         platform_printf("orisha: limits");
 #define LIMIT_SHOW(name, def, scale) platform_printf(" " #name " %lu", (unsigned long)l->name);
@@ -671,11 +869,48 @@ static struct tcp_pcb *listen_on(uint16_t port, void *arg)
     err_t e = tcp_bind(pcb, IP_ANY_TYPE, port);
     if (e != ERR_OK)
         PANIC("http: bind port %d failed (%d)", port, e);
+    tcp_setprio(pcb, CLASS_LISTEN); /* tcp_listen keeps it; new PCBs inherit it */
     struct tcp_pcb *l = tcp_listen(pcb);
     ASSERT(l);
     tcp_arg(l, arg);
     tcp_accept(l, on_accept);
     return l;
+}
+
+/*
+ * The stats line: admissions and memory. lwIP's heap holds received frames,
+ * TLS records and segment headers; its pools the zero-copy body pbufs and the
+ * segments. Logged at most once a second when a connection was displaced,
+ * refused or killed or an allocation failed since the last line (serial
+ * output is slow: nothing while all is well), at a stop, and every 10 s
+ * with orisha.verbose.
+ */
+static void log_stats(void)
+{
+    const struct stats_mem *pb = lwip_stats.memp[MEMP_PBUF], *sg = lwip_stats.memp[MEMP_TCP_SEG];
+    const struct stats_mem *pc = lwip_stats.memp[MEMP_TCP_PCB];
+    platform_printf("orisha: stats open %u displaced %lu refused %lu killed %lu send_timeouts %lu "
+                    "heap_used %lu heap_peak %lu heap_size %lu heap_failed %lu "
+                    "pbufs_peak %u pbufs %u segs_peak %u segs %u pcbs_peak %u pcbs %u\n",
+                    open_conns, (unsigned long)displaced, (unsigned long)refused,
+                    (unsigned long)killed, (unsigned long)send_timeouts,
+                    (unsigned long)lwip_stats.mem.used,
+                    (unsigned long)lwip_stats.mem.max, (unsigned long)lwip_stats.mem.avail,
+                    (unsigned long)lwip_stats.mem.err, pb->max, pb->avail, sg->max, sg->avail,
+                    pc->max, pc->avail);
+    net_log_stats();
+}
+
+static void stats_tick(void *arg)
+{
+    static uint64_t last, ticks;
+    (void)arg;
+    uint64_t sum = displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
+                   lwip_stats.memp[MEMP_PBUF]->err + lwip_stats.memp[MEMP_TCP_SEG]->err;
+    if (sum != last || (platform_verbose() && ++ticks % 10 == 0))
+        log_stats();
+    last = sum;
+    sys_timeout(STATS_MS, stats_tick, NULL);
 }
 
 int http_init(const uint8_t *image, size_t len)
@@ -688,6 +923,7 @@ int http_init(const uint8_t *image, size_t len)
     if (platform_verbose())
         platform_printf("orisha: http listening on port %d%s, %u routes\n", HTTP_PORT,
                         tls_listener ? " and tls on 443" : "", routes);
+    sys_timeout(STATS_MS, stats_tick, NULL);
     return tls_listener != NULL;
 }
 
@@ -702,6 +938,7 @@ void http_stop(void)
     if (stopping)
         return;
     stopping = 1;
+    log_stats();
     if (tcp_close(listener) != ERR_OK) /* a listener closes without allocating */
         PANIC("http: closing the listener failed");
     listener = NULL;
