@@ -43,6 +43,9 @@ class Status(NamedTuple):
     restarts: int
     reloads: int
     draining: int  # generations still finishing their responses
+    # More (name, type, help, value) series: the ACME manager's (orisha/acme.py), certificate
+    # file reloads.
+    extra: tuple = ()
 
 
 # (slot, metric name, type, help) of the per-worker counters, addressed by ``Stat``.
@@ -70,7 +73,7 @@ def exposition(s: Status) -> bytes:
             ("reloads_total", "counter", "Builds reloaded (SIGHUP).", s.reloads),
             ("draining_generations", "gauge",
              "Older generations of workers still finishing their responses.", s.draining),
-            ("ready", "gauge", "1 when /readyz answers 200.", int(s.ready))):
+            ("ready", "gauge", "1 when /readyz answers 200.", int(s.ready)), *s.extra):
         out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}\n"
                    f"orisha_{name} {value}")
     return ("\n".join(out) + "\n").encode()

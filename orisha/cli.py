@@ -138,9 +138,23 @@ def _limit_options(f):
 @click.option("--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")
 @click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
               help="Oldest TLS version accepted.")
+@click.option("--http-port", type=int, metavar="PORT", help="With TLS: also listen on PORT "
+              "(plain HTTP), answering every request with a 308 to https (and ACME HTTP-01).")
+@click.option("--hsts", type=int, metavar="SECONDS",
+              help="With TLS: Strict-Transport-Security: max-age=SECONDS on every response.")
+@click.option("--domain", "domains", multiple=True, metavar="NAME", help="Certificates from "
+              "ACME (instead of --tls-cert): one certificate naming every --domain (repeatable).")
+@click.option("--acme-email", metavar="ME", help="Contact address of the ACME account.")
+@click.option("--acme-directory", metavar="URL", help="ACME directory [default: Let's "
+              "Encrypt's production directory].")
+@click.option("--acme-ca", metavar="FILE", help="CA bundle to trust for the ACME directory's "
+              "own HTTPS (private CAs, tests).")
+@click.option("--state", metavar="DIR", help="ACME state: account key, certificate and key "
+              "[default: $ORISHA_STATE or ~/.local/share/orisha].")
 @_limit_options
 def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port,
-          admin_host, tls_cert, tls_key, tls_min, **limits) -> None:
+          admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
+          acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     if not manifest.is_build(path):
         path = build_into_cache(path, fallback=fallback, not_found=not_found)
@@ -150,7 +164,9 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
-                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min))
+                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
+                 http_port=http_port, hsts=hsts, domains=domains, acme_email=acme_email,
+                 acme_directory=acme_directory, acme_ca=acme_ca, state=state))
 
 
 @main.command()

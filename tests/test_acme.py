@@ -1,0 +1,197 @@
+"""Facing the internet alone: HTTP→HTTPS, HSTS, watched certificate files, ACME.
+
+Every server is ``orisha serve`` on real loopback sockets; clients are curl and
+Python's ssl. The ACME tests run Pebble (Let's Encrypt's test CA, Debian's
+``pebble``) started here with a config of their own: it validates on the ports
+our server listens on, resolves every test name to 127.0.0.1 through
+``pebble-challtestsrv`` (its ``-dnsserver``), and serves its directory with a
+certificate from this module's own test CA (the Debian package ships none), which
+``--acme-ca`` trusts. Pebble's ``certificateValidityPeriod`` makes short-lived
+certificates for the renewal tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from conftest import LOOPS, TEST_LIMITS, Server, demo_file
+from tlsutil import client_context, make_pki, pki, tls_connect  # noqa: F401
+
+
+def curl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "20", *args], capture_output=True,
+                          timeout=40)
+
+
+class Served:
+    """`orisha serve` with TLS and, maybe, the plain port; both ports from its start-up line."""
+
+    def __init__(self, build: str, *args: str, loop: str = "epoll", env=None) -> None:
+        self.proc = subprocess.Popen(
+            Server.cmd(build, "--loop", loop, "--workers", "2", *TEST_LIMITS, *args),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.line = self.proc.stdout.readline()
+        self.err: list[str] = []
+        threading.Thread(target=self._read_err, daemon=True).start()
+        m = re.search(r"https://[\d.]+:(\d+)/", self.line)
+        if not m:
+            self.proc.kill()
+            self.proc.wait()
+            time.sleep(0.2)
+            raise RuntimeError(f"server did not start: {self.line!r} {''.join(self.err)}")
+        self.port = int(m.group(1))
+        h = re.search(r"and http://[\d.]+:(\d+)/", self.line)
+        self.http_port = int(h.group(1)) if h else None
+
+    def _read_err(self) -> None:
+        for line in self.proc.stderr:
+            self.err.append(line)
+
+    def wait_for(self, text: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.err:
+                if text in line:
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} in the log: {''.join(self.err)}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    from conftest import DEMO, orisha
+    out = str(tmp_path_factory.mktemp("acme") / "out")
+    r = orisha("build", DEMO, "-o", out, "--not-found", "404.html")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _get(port: int, ctx, path: str = "/", host: str = "localhost") -> tuple[bytes, dict]:
+    c = tls_connect(port, ctx)
+    c.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while chunk := c.recv(65536):
+        data += chunk
+    cert = c.getpeercert()
+    c.close()
+    return data, cert
+
+
+# -- item 3: HTTP→HTTPS and HSTS ---------------------------------------------------------
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_plain_port_redirects_to_https_and_hsts_is_on_tls_answers(build, pki, loop):
+    s = Served(build, "--tls-cert", pki.chain, "--tls-key", pki.key, "--http-port", "0",
+               "--hsts", "31536000", loop=loop)
+    try:
+        plain, tls = s.http_port, s.port
+        r = curl("-si", f"http://127.0.0.1:{plain}/docs/a%20b?x=1&y=%2F",
+                 "-H", "Host: Example.ORG:80")
+        head = r.stdout.split(b"\r\n\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 308 Permanent Redirect\r\n"), r.stdout
+        assert f"\r\nLocation: https://example.org:{tls}/docs/a%20b?x=1&y=%2F\r\n".encode() in head
+        assert b"Strict-Transport-Security" not in head  # never on cleartext (RFC 6797 §7.2)
+        for method in ("HEAD", "POST"):  # every method: a 308 keeps it (RFC 9110 §15.4.9)
+            r = curl("-si", "-X", method, f"http://127.0.0.1:{plain}/x", "-H", "Host: [::1]")
+            assert r.stdout.startswith(b"HTTP/1.1 308 "), r.stdout
+            assert f"\r\nLocation: https://[::1]:{tls}/x\r\n".encode() in r.stdout
+        r = curl("-si", f"http://127.0.0.1:{plain}/", "-H", "Host: a/b")  # nowhere to send it
+        assert r.stdout.startswith(b"HTTP/1.1 400 "), r.stdout
+        # curl follows the redirect to the TLS port and gets the page, with HSTS.
+        r = curl("-sL", "-D", "-", "--cacert", pki.ca, f"http://localhost:{plain}/css/site.css")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.endswith(demo_file("css/site.css")), r.stdout[:300]
+        last = r.stdout.split(b"HTTP/")[-1]
+        assert last.startswith(b"2 200") or last.startswith(b"1.1 200"), last[:100]
+        assert b"strict-transport-security: max-age=31536000\r\n" in last.lower()
+        for args in (["--http1.1"], ["--http2"]):  # HTTP/2's blocks carry it too
+            r = curl("-sI", *args, "--cacert", pki.ca, f"https://localhost:{tls}/")
+            assert b"strict-transport-security: max-age=31536000" in r.stdout.lower(), r.stdout
+        r = curl("-sI", "--cacert", pki.ca, "-H", 'If-None-Match: "x"', f"https://localhost:{tls}/nope")
+        assert b"strict-transport-security" in r.stdout.lower(), r.stdout
+    finally:
+        assert s.stop() == 0
+
+
+def test_http_port_and_hsts_need_tls(build):
+    from conftest import orisha
+    for opt in (["--http-port", "0"], ["--hsts", "60"]):
+        r = orisha("serve", build, "--port", "0", *opt, timeout=30)
+        assert r.returncode == 1
+        assert r.stderr.strip().splitlines()[-1] == (
+            "orisha: error: --http-port and --hsts go with TLS (--tls-cert/--tls-key or --domain)")
+
+
+def test_to_https_names_no_port_for_443():
+    from orisha.core.policy import Limits
+    from orisha.core.upgrade import to_https
+    plan = to_https(b"GET /a?b HTTP/1.1\r\nHost: example.org:8080", Limits(), 443, {})
+    assert plan.status == 308 and b"\r\nLocation: https://example.org/a?b\r\n" in plan.head
+    plan = to_https(b"GET /.well-known/acme-challenge/tok-1 HTTP/1.1\r\nHost: e.org", Limits(),
+                    443, {b"tok-1": b"tok-1.thumb"})
+    assert plan.status == 200 and plan.body == b"tok-1.thumb"
+
+
+# -- item 2: certificate files watched -------------------------------------------------
+
+def _replace(src: str, dst: str) -> None:
+    """As certbot and a Kubernetes Secret do: the new file is renamed over the old."""
+    tmp = dst + ".new"
+    shutil.copy(src, tmp)
+    os.replace(tmp, dst)
+
+
+def test_changed_certificate_files_are_served_without_sighup(build, pki, tmp_path):
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    shutil.copy(pki.chain, cert)
+    shutil.copy(pki.key, key)
+    s = Served(build, "--tls-cert", cert, "--tls-key", key)
+    try:
+        ctx = client_context(pki, ("http/1.1",))
+        before = _get(s.port, ctx)[1]["serialNumber"]
+        # A download in progress across the change: it finishes whole on the old generation.
+        slow = tls_connect(s.port, ctx)
+        slow.sendall(b"GET /files/big.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        got = slow.recv(4096)
+        _replace(pki.key2, key)  # the key first: for a moment the pair does not match
+        _replace(pki.cert2, cert)
+        deadline, after = time.monotonic() + 15, before
+        while time.monotonic() < deadline and after == before:
+            data, peer = _get(s.port, ctx)  # every request succeeds throughout
+            assert data.startswith(b"HTTP/1.1 200 OK"), data[:100]
+            after = peer["serialNumber"]
+        assert after != before, "the new certificate was never served"
+        while chunk := slow.recv(65536):
+            got += chunk
+        assert got.endswith(demo_file("files/big.txt")) and b" 200 OK" in got[:20]
+        # A bad new pair: the current one keeps serving, one line says why.
+        with open(cert + ".new", "w") as f:
+            f.write("not a certificate\n")
+        os.replace(cert + ".new", cert)
+        line = s.wait_for("the certificate files changed, but the new certificate is not used")
+        assert cert in line and "not a PEM certificate" in line
+        assert _get(s.port, ctx)[1]["serialNumber"] == after
+    finally:
+        assert s.stop() == 0
