@@ -414,9 +414,9 @@ def _issue(m: Manager, sock: socket.socket) -> None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-    def step(what, fn, *args):
+    def step(what, fn, *args, **kw):
         try:
-            return fn(*args)
+            return fn(*args, **kw)
         except requests.exceptions.RequestException as e:
             raise _Problem(f"{what}: cannot reach the CA at {m.directory} ({e.__class__.__name__}: "
                            f"{_root(e)})") from None
@@ -483,8 +483,10 @@ def _issue(m: Manager, sock: socket.socket) -> None:
                 raise _Problem("the server did not put the challenges in place")
         except socket.timeout:
             raise _Problem("the challenges were not in place within %d s" % GO_TIMEOUT) from None
-        for challb in answers:
-            step(f"the {kind} challenge", acme.answer_challenge, challb, _Empty())
+        for challb in answers:  # RFC 8555 §7.5.1; not ``answer_challenge``, which insists on
+            # a Link "up" header that RFC 8555 does not require (Pebble 2.4 sends none)
+            step(f"the {kind} challenge", net.post, challb.uri, _Empty(),
+                 new_nonce_url=directory.newNonce)
     deadline = datetime.datetime.now() + datetime.timedelta(seconds=ORDER_TIMEOUT)
     done = step(f"the order for {', '.join(m.domains)}", acme.poll_and_finalize, order, deadline)
     save_certificate(m.folder, m.domains, cert_key, done.fullchain_pem.encode())
@@ -511,6 +513,9 @@ def _empty_response():
 
         def to_partial_json(self):
             return {}
+
+        def __bool__(self) -> bool:  # the library sends a falsy object as POST-as-GET
+            return True
     return Empty
 
 

@@ -195,3 +195,138 @@ def test_changed_certificate_files_are_served_without_sighup(build, pki, tmp_pat
         assert _get(s.port, ctx)[1]["serialNumber"] == after
     finally:
         assert s.stop() == 0
+
+
+# -- item 1: ACME, against Pebble -------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The ports our servers listen on in the ACME tests, where Pebble validates.
+TLS_PORT, HTTP_PORT = _free_port(), _free_port()
+DOMAINS = ["example.org", "www.example.org"]
+EMAIL = "admin@example.org"
+
+
+class Pebble:
+    """Pebble and pebble-challtestsrv (its DNS: every name is 127.0.0.1), stopped by ``stop``."""
+
+    def __init__(self, folder: str, pki, validity: int | None = None, http_port=HTTP_PORT,
+                 tls_port=TLS_PORT, ports=None, **extra) -> None:
+        self.folder, self.pki = folder, pki
+        self.dir_port, self.mgmt_port, dns = ports or (_free_port(), _free_port(), _free_port())
+        config = {"listenAddress": f"127.0.0.1:{self.dir_port}",
+                  "managementListenAddress": f"127.0.0.1:{self.mgmt_port}",
+                  "certificate": pki.chain, "privateKey": pki.key, "httpPort": http_port,
+                  "tlsPort": tls_port, "ocspResponderURL": "",
+                  "externalAccountBindingRequired": False, **extra}
+        if validity:
+            config["certificateValidityPeriod"] = validity
+        self.config = os.path.join(folder, f"pebble-{self.dir_port}.json")
+        with open(self.config, "w") as f:
+            json.dump({"pebble": config}, f)
+        self.dns = subprocess.Popen(
+            ["pebble-challtestsrv", "-defaultIPv4", "127.0.0.1", "-defaultIPv6", "",
+             "-dns01", f"127.0.0.1:{dns}", "-http01", "", "-https01", "", "-tlsalpn01", "",
+             "-management", f"127.0.0.1:{_free_port()}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.dns_port = dns
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        env = {**os.environ, "PEBBLE_VA_NOSLEEP": "1", "PEBBLE_AUTHZREUSE": "0",
+               "PEBBLE_WFE_NONCEREJECT": "0"}
+        self.log = open(self.config + ".log", "ab")
+        self.proc = subprocess.Popen(["pebble", "-config", self.config, "-dnsserver",
+                                      f"127.0.0.1:{self.dns_port}"], env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        ctx = ssl.create_default_context(cafile=self.pki.ca)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(self.directory, context=ctx, timeout=2).read()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(open(self.config + ".log").read())
+                time.sleep(0.1)
+
+    @property
+    def directory(self) -> str:
+        return f"https://localhost:{self.dir_port}/dir"
+
+    def root(self, path: str) -> str:
+        """Pebble's root (it makes a new one per run), from its management port, as a file."""
+        ctx = ssl.create_default_context(cafile=self.pki.ca)
+        pem = urllib.request.urlopen(f"https://localhost:{self.mgmt_port}/roots/0", context=ctx,
+                                     timeout=5).read()
+        with open(path, "wb") as f:
+            f.write(pem)
+        return path
+
+    def halt(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.log.close()
+
+    def stop(self) -> None:
+        self.halt()
+        self.dns.terminate()
+        self.dns.wait(10)
+
+
+@pytest.fixture
+def pebble(tmp_path, pki):
+    made: list[Pebble] = []
+
+    def make(**kw) -> Pebble:
+        made.append(Pebble(str(tmp_path), pki, **kw))
+        return made[-1]
+    yield make
+    for p in made:
+        p.stop()
+
+
+def acme_serve(build, ca, state, *extra, loop="epoll", domains=DOMAINS, http=True, email=EMAIL):
+    args = [a for d in domains for a in ("--domain", d)]
+    args += ["--acme-email", email, "--acme-directory", ca.directory, "--acme-ca", ca.pki.ca,
+             "--state", str(state)]
+    if http:
+        args += ["--http-port", str(HTTP_PORT)]
+    s = Served(build, *args, *extra, loop=loop)
+    return s
+
+
+def _tls_args(s):
+    return [a for d in DOMAINS for a in ("--resolve", f"{d}:{s.port}:127.0.0.1")]
+
+
+def _cert_serial(port: int, root: str, name: str = "example.org") -> tuple[int, list]:
+    ctx = ssl.create_default_context(cafile=root)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=name) as c:
+            cert = c.getpeercert()
+    return int(cert["serialNumber"], 16), [v for k, v in cert["subjectAltName"]]
+
+
+def test_issuance_by_http01_alone_names_every_domain_and_curl_trusts_it(build, pebble, tmp_path):
+    ca = pebble(tls_port=_free_port())  # nothing answers where Pebble would try TLS-ALPN-01
+    state = tmp_path / "state"
+    s = acme_serve(build, ca, state, "--port", str(TLS_PORT))
+    try:
+        s.wait_for("ACME: certificate for example.org, www.example.org issued")
+        root = ca.root(str(tmp_path / "root.pem"))
+        for d in DOMAINS:
+            r = curl("--cacert", root, *_tls_args(s), f"https://{d}:{s.port}/css/site.css")
+            assert r.returncode == 0 and r.stdout == demo_file("css/site.css"), r.stderr
+        serial, names = _cert_serial(s.port, root)
+        assert sorted(names) == DOMAINS
+        files = sorted(os.listdir(state))
+        assert "cert.json" in files and all(os.stat(state / f).st_mode & 0o077 == 0 for f in files)
+    finally:
+        assert s.stop() == 0
