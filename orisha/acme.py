@@ -216,7 +216,7 @@ class Manager:
         self.placeholder = None
         self.helper: tuple[int, socket.socket] | None = None
         self.inbox = b""
-        self.go_pending = False
+        self.go_pending = self.answered = False
         self.failures = 0  # consecutive
         self.attempts = self.failed = self.issued = 0
         now = time.monotonic()
@@ -273,7 +273,7 @@ class Manager:
             pass
         sock.close()
         self.helper, self.go_pending = None, False
-        if b"\n" not in self.inbox:
+        if not self.answered and b"\n" not in self.inbox:
             self.inbox = json.dumps({"error": "the ACME helper exited with %d without an answer"
                                      % os.waitstatus_to_exitcode(status)}).encode() + b"\n"
 
@@ -304,8 +304,10 @@ class Manager:
             if "challenges" in msg:
                 self._challenges(sup, msg["challenges"])
             elif "issued" in msg:
+                self.answered = True
                 self._issued(sup)
             elif "error" in msg:
+                self.answered = True
                 self._failed(sup, msg["error"])
 
     def _start(self, sup) -> None:
@@ -317,7 +319,7 @@ class Manager:
             _helper_child(sup, theirs, self)
         theirs.close()
         ours.setblocking(False)
-        self.helper, self.inbox = (pid, ours), b""
+        self.helper, self.inbox, self.answered = (pid, ours), b"", False
         what = "renewing" if self.stored.covers(self.domains) else "requesting"
         print(f"orisha: ACME: {what} a certificate for {', '.join(self.domains)} from "
               f"{self.directory} (attempt {self.attempts})", file=sys.stderr)
@@ -445,18 +447,30 @@ def _issue(m: Manager, sock: socket.socket) -> None:
                                timeout=NETWORK_TIMEOUT)
     directory = step("the directory", client.ClientV2.get_directory, m.directory, net)
     acme = client.ClientV2(directory, net)
-    if account:
-        net.account = messages.RegistrationResource(uri=account["uri"], body=messages.Registration())
-    else:
+    def register():
         reg = messages.NewRegistration.from_data(email=m.email, terms_of_service_agreed=True)
         regr = step(f"the account for {m.email}", acme.new_account, reg)
         write_private(account_file, json.dumps({"uri": regr.uri, "key": key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption()).decode()}).encode())
+
+    if account:
+        net.account = messages.RegistrationResource(uri=account["uri"], body=messages.Registration())
+    else:
+        register()
     cert_key = ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     csr = crypto_util.make_csr(cert_key, m.domains)
-    order = step(f"the order for {', '.join(m.domains)}", acme.new_order, csr)
+    try:
+        order = acme.new_order(csr)
+    except messages.Error as e:
+        if not (account and e.code == "accountDoesNotExist"):  # a CA that lost the account
+            order = step(f"the order for {', '.join(m.domains)}", _raise, e)
+        net.account = None  # (a test CA restarted, an account deactivated): a new one, once
+        register()
+        order = step(f"the order for {', '.join(m.domains)}", acme.new_order, csr)
+    except requests.exceptions.RequestException as e:
+        order = step(f"the order for {', '.join(m.domains)}", _raise, e)
     kind = "http-01" if m.http else "tls-alpn-01"
     thumb = jose.b64encode(jwk.thumbprint(hash_function=_sha256())).decode()
     answers, http, alpn = [], {}, {}
@@ -491,6 +505,10 @@ def _issue(m: Manager, sock: socket.socket) -> None:
     done = step(f"the order for {', '.join(m.domains)}", acme.poll_and_finalize, order, deadline)
     save_certificate(m.folder, m.domains, cert_key, done.fullchain_pem.encode())
     sock.sendall(b'{"issued": true}\n')
+
+
+def _raise(e: BaseException):
+    raise e
 
 
 def _root(e: BaseException) -> str:

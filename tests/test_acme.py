@@ -53,10 +53,12 @@ class Served:
         self.port = int(m.group(1))
         h = re.search(r"and http://[\d.]+:(\d+)/", self.line)
         self.http_port = int(h.group(1)) if h else None
+        a = re.search(r"admin http://[\d.]+:(\d+)/", self.line)
+        self.admin_port = int(a.group(1)) if a else None
 
     def _read_err(self) -> None:
         for line in self.proc.stderr:
-            self.err.append(line)
+            self.err.append(time.strftime("%H:%M:%S ") + line)
 
     def wait_for(self, text: str, timeout: float = 30) -> str:
         deadline = time.monotonic() + timeout
@@ -280,6 +282,50 @@ class Pebble:
         self.dns.wait(10)
 
 
+class Gate:
+    """A TCP forwarder in front of Pebble's directory port that can be shut and reopened:
+    the CA going away and coming back, the same CA (its root, its accounts) when it does.
+    Pebble builds its URLs from the Host it is asked by, so every request passes here."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.port, self.conns = target, _free_port(), []
+        self.lock = threading.Lock()
+        self.listener = None
+        self.open()
+
+    def open(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def shut(self) -> None:
+        self.listener.close()
+        with self.lock:
+            for c in self.conns:
+                c.close()
+            self.conns.clear()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                a = listener.accept()[0]
+                b = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # shut
+                return
+            with self.lock:
+                self.conns += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pump(x, y) -> None:
+        try:
+            while data := x.recv(65536):
+                y.sendall(data)
+            y.shutdown(socket.SHUT_WR)
+        except OSError:  # closed by ``shut`` or by the peer
+            pass
+
+
 @pytest.fixture
 def pebble(tmp_path, pki):
     made: list[Pebble] = []
@@ -328,5 +374,92 @@ def test_issuance_by_http01_alone_names_every_domain_and_curl_trusts_it(build, p
         assert sorted(names) == DOMAINS
         files = sorted(os.listdir(state))
         assert "cert.json" in files and all(os.stat(state / f).st_mode & 0o077 == 0 for f in files)
+    finally:
+        assert s.stop() == 0
+
+
+def test_issuance_by_tls_alpn01_alone_then_a_restart_reuses_it(build, pebble, tmp_path):
+    ca = pebble(http_port=_free_port())  # nothing answers where Pebble would try HTTP-01
+    state = tmp_path / "state"
+    s = acme_serve(build, ca, state, "--port", str(TLS_PORT), http=False)
+    try:
+        assert s.http_port is None
+        s.wait_for("ACME: certificate for example.org, www.example.org issued")
+        root = ca.root(str(tmp_path / "root.pem"))
+        serial, names = _cert_serial(s.port, root, "www.example.org")
+        assert sorted(names) == DOMAINS
+        # The challenge certificate was presented to acme-tls/1 hellos only: an ordinary
+        # client meets the issued certificate (or, before it, the placeholder).
+        r = curl("--cacert", root, *_tls_args(s), f"https://www.example.org:{s.port}/")
+        assert r.returncode == 0 and r.stdout == demo_file("index.html"), r.stderr
+    finally:
+        assert s.stop() == 0
+    s = acme_serve(build, ca, state, "--port", str(TLS_PORT), http=False)
+    try:
+        s.wait_for("ACME: using the stored certificate for example.org, www.example.org")
+        assert _cert_serial(s.port, root)[0] == serial
+        time.sleep(1.5)  # no order follows
+        assert not any("ACME: requesting" in line for line in s.err), "".join(s.err)
+    finally:
+        assert s.stop() == 0
+
+
+def test_renewal_under_load_fails_no_request_with_the_ca_away_at_first(build, pebble, tmp_path):
+    """An 18 s certificate renews at two thirds of its life while requests run; the CA is
+    unreachable at that time: still serving, retried, renewed once it is back."""
+    ca = pebble(validity=18)
+    gate = Gate(ca.dir_port)
+    ca.dir_port = gate.port  # the server talks to Pebble through the gate
+    s = acme_serve(build, ca, tmp_path / "state", "--port", str(TLS_PORT), "--admin-port", "0")
+    failures, serials, stop, roots = [], [], threading.Event(), []
+
+    def load() -> None:
+        for _ in range(3000):  # bounded: ~30 s of sequential requests at most
+            if stop.is_set():
+                return
+            ctx = ssl.create_default_context()
+            for root in roots:  # a restarted Pebble issues from a new root
+                ctx.load_verify_locations(root)
+            try:
+                with socket.create_connection(("127.0.0.1", s.port), timeout=10) as raw:
+                    with ctx.wrap_socket(raw, server_hostname="example.org") as c:
+                        c.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: example.org\r\n"
+                                  b"Connection: close\r\n\r\n")
+                        data = b""
+                        while chunk := c.recv(65536):
+                            data += chunk
+                        serial = c.getpeercert()["serialNumber"]
+                if not (data.startswith(b"HTTP/1.1 200 OK")
+                        and data.endswith(demo_file("css/site.css"))):
+                    failures.append(data[:100])
+                elif not serials or serials[-1] != serial:
+                    serials.append(serial)
+            except OSError as e:  # refused, reset, a failed handshake: a failed request
+                failures.append((time.strftime("%H:%M:%S"), repr(e)[:60]))
+            time.sleep(0.01)
+
+    try:
+        s.wait_for("ACME: certificate for example.org, www.example.org issued")
+        roots.append(ca.root(str(tmp_path / "root.pem")))
+        gate.shut()  # the CA goes away before the renewal
+        t = threading.Thread(target=load)
+        t.start()
+        try:
+            deadline = time.monotonic() + 40
+            assert "cannot reach the CA" in s.wait_for("ACME: renewal failed", timeout=30)
+            gate.open()
+            while sum("issued" in line for line in s.err) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert sum("issued" in line for line in s.err) == 2, "".join(s.err)
+            time.sleep(1)  # requests on the new certificate
+        finally:
+            stop.set()
+            t.join()
+        assert failures == [], "".join(s.err) + repr(failures)
+        assert len(serials) == 2, serials  # the old certificate, then the new one
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{s.admin_port}/metrics", timeout=5).read().decode()
+        assert re.search(r"^orisha_acme_issued_total 2$", metrics, re.M), metrics
+        assert re.search(r"^orisha_acme_failures_total [1-9]\d*$", metrics, re.M), metrics
     finally:
         assert s.stop() == 0
