@@ -383,8 +383,8 @@ def _helper_child(sup, sock: socket.socket, m: Manager) -> None:
         sock.setblocking(True)
         try:
             _issue(m, sock)
-        except _Problem as e:
-            sock.sendall(json.dumps({"error": str(e)}).encode() + b"\n")
+        except _Problem as e:  # one line, whatever the CA's detail holds
+            sock.sendall(json.dumps({"error": " ".join(str(e).split())}).encode() + b"\n")
             code = 1
     except BaseException:
         import traceback

@@ -463,3 +463,43 @@ def test_renewal_under_load_fails_no_request_with_the_ca_away_at_first(build, pe
         assert re.search(r"^orisha_acme_failures_total [1-9]\d*$", metrics, re.M), metrics
     finally:
         assert s.stop() == 0
+
+
+def _fails(build, ca_dir: str, ca_file: str, state, *extra, email=EMAIL, domains=DOMAINS):
+    from conftest import orisha
+    args = [a for d in domains for a in ("--domain", d)]
+    r = orisha("serve", build, "--port", str(TLS_PORT), "--workers", "1", *args, "--acme-email",
+               email, "--acme-directory", ca_dir, "--acme-ca", ca_file, "--state", str(state),
+               *extra, timeout=60)
+    assert r.returncode == 1, r.stderr
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_a_failing_first_issuance_is_one_line_and_leaves_nothing_half_written(build, pebble,
+                                                                             pki, tmp_path):
+    state = tmp_path / "state"
+    line = _fails(build, "https://localhost:9/dir", pki.ca, state, email="me")
+    assert line == "orisha: error: --acme-email me: not an e-mail address"
+    assert not state.exists()
+    line = _fails(build, f"https://localhost:{_free_port()}/dir", pki.ca, state)
+    assert line.startswith("orisha: error: cannot get a certificate for example.org, "
+                           "www.example.org: the directory: cannot reach the CA at "), line
+    assert "Connection refused" in line
+    assert not state.exists()  # nothing written before the CA has said yes
+    ca = pebble()
+    line = _fails(build, ca.directory.replace("/dir", "/nope"), pki.ca, state)
+    assert line.startswith("orisha: error: cannot get a certificate for example.org, "
+                           "www.example.org: the directory: "), line
+    assert not state.exists()
+    line = _fails(build, ca.directory, pki.ca, state, "--http-port", str(HTTP_PORT),
+                  domains=["example.org", "127.0.0.1"])  # an address as a DNS name: refused
+    # The CA's problem document: its type and detail, naming the refused domain.
+    assert "(urn:ietf:params:acme:error:malformed)" in line and "IP address" in line, line
+    assert "127.0.0.1" in line.split("the order for")[1], line
+    files = os.listdir(state)  # the account the CA accepted, whole; no certificate
+    assert len(files) == 1 and files[0].startswith("account-"), files
+    with open(state / files[0]) as f:
+        assert json.load(f)["uri"].startswith("https://localhost:")
+    line = _fails(build, ca.directory, pki.ca, tmp_path / "other", "--tls-cert", pki.chain,
+                  "--tls-key", pki.key)
+    assert line == "orisha: error: --domain (certificates from ACME) or --tls-cert, not both"
