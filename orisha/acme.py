@@ -216,7 +216,7 @@ class Manager:
         self.placeholder = None
         self.helper: tuple[int, socket.socket] | None = None
         self.inbox = b""
-        self.go_pending = self.answered = False
+        self.go_pending = self.answered = self.announce = False
         self.failures = 0  # consecutive
         self.attempts = self.failed = self.issued = 0
         now = time.monotonic()
@@ -278,21 +278,23 @@ class Manager:
                                      % os.waitstatus_to_exitcode(status)}).encode() + b"\n"
 
     def step(self, sup, readable: bool) -> None:
-        if self.helper is None:
-            if self.inbox:
-                self._handle(sup)
-            elif time.monotonic() >= self.next_at:
-                self._start(sup)
-            return
-        if readable:
+        """One turn of the supervisor's loop: read the helper, act on what it said, start
+        an attempt that is due, let the helper go once its challenges are served."""
+        if self.helper is not None and readable:
             try:
-                data = self.helper[1].recv(1 << 20)
-            except (BlockingIOError, InterruptedError):
-                data = None
-            if data:
-                self.inbox += data
+                self.inbox += self.helper[1].recv(1 << 20)
+            except (BlockingIOError, InterruptedError):  # a spurious wake-up
+                pass
         self._handle(sup)
-        if self.go_pending and self.helper and sup.settled():
+        settled = sup.settled()
+        if self.announce and settled:
+            self.announce = False
+            print(f"orisha: ACME: every worker serves the new certificate (generation {sup.gen})",
+                  file=sys.stderr)
+        if self.helper is None:
+            if time.monotonic() >= self.next_at:
+                self._start(sup)
+        elif self.go_pending and settled:
             self.go_pending = False
             self.helper[1].sendall(b"go\n")
 
@@ -340,7 +342,7 @@ class Manager:
         print(f"orisha: ACME: certificate for {', '.join(self.domains)} issued, valid until "
               f"{_when(self.stored.not_after)} (renewal {_when(self.stored.renew_at())})",
               file=sys.stderr)
-        sup._renew("new ACME certificate")
+        self.announce = sup._renew("new ACME certificate")
 
     def _failed(self, sup, why: str) -> None:
         self.failed += 1

@@ -352,6 +352,14 @@ def _tls_args(s):
     return [a for d in DOMAINS for a in ("--resolve", f"{d}:{s.port}:127.0.0.1")]
 
 
+def issued(s: Served, ca: Pebble, root: str) -> str:
+    """Wait until the new certificate is what every worker presents (the previous
+    generation, with the placeholder certificate, has exited); Pebble's root as a file."""
+    s.wait_for("ACME: certificate for example.org, www.example.org issued")
+    s.wait_for("ACME: every worker serves the new certificate")
+    return ca.root(root)
+
+
 def _cert_serial(port: int, root: str, name: str = "example.org") -> tuple[int, list]:
     ctx = ssl.create_default_context(cafile=root)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
@@ -365,8 +373,7 @@ def test_issuance_by_http01_alone_names_every_domain_and_curl_trusts_it(build, p
     state = tmp_path / "state"
     s = acme_serve(build, ca, state, "--port", str(TLS_PORT))
     try:
-        s.wait_for("ACME: certificate for example.org, www.example.org issued")
-        root = ca.root(str(tmp_path / "root.pem"))
+        root = issued(s, ca, str(tmp_path / "root.pem"))
         for d in DOMAINS:
             r = curl("--cacert", root, *_tls_args(s), f"https://{d}:{s.port}/css/site.css")
             assert r.returncode == 0 and r.stdout == demo_file("css/site.css"), r.stderr
@@ -384,8 +391,7 @@ def test_issuance_by_tls_alpn01_alone_then_a_restart_reuses_it(build, pebble, tm
     s = acme_serve(build, ca, state, "--port", str(TLS_PORT), http=False)
     try:
         assert s.http_port is None
-        s.wait_for("ACME: certificate for example.org, www.example.org issued")
-        root = ca.root(str(tmp_path / "root.pem"))
+        root = issued(s, ca, str(tmp_path / "root.pem"))
         serial, names = _cert_serial(s.port, root, "www.example.org")
         assert sorted(names) == DOMAINS
         # The challenge certificate was presented to acme-tls/1 hellos only: an ordinary
@@ -503,3 +509,17 @@ def test_a_failing_first_issuance_is_one_line_and_leaves_nothing_half_written(bu
     line = _fails(build, ca.directory, pki.ca, tmp_path / "other", "--tls-cert", pki.chain,
                   "--tls-key", pki.key)
     assert line == "orisha: error: --domain (certificates from ACME) or --tls-cert, not both"
+
+
+@pytest.mark.parametrize("loop", [name for name in LOOPS if name != "epoll"])  # epoll: above
+def test_issuance_on_every_hosted_loop(build, pebble, tmp_path, loop):
+    ca = pebble()
+    s = acme_serve(build, ca, tmp_path / "state", "--port", str(TLS_PORT), loop=loop)
+    try:
+        root = issued(s, ca, str(tmp_path / "root.pem"))
+        r = curl("--cacert", root, *_tls_args(s), f"https://www.example.org:{s.port}/")
+        assert r.returncode == 0 and r.stdout == demo_file("index.html"), r.stderr
+        r = curl("-si", f"http://127.0.0.1:{s.http_port}/x?y", "-H", "Host: example.org")
+        assert f"\r\nLocation: https://example.org:{s.port}/x?y\r\n".encode() in r.stdout
+    finally:
+        assert s.stop() == 0
