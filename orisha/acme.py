@@ -411,86 +411,14 @@ def _problem(e) -> str:
 
 
 def _issue(m: Manager, sock: socket.socket) -> None:
-    import josepy as jose
-    import requests
-    from acme import client, errors, messages
-    from acme import crypto_util
+    """The helper's whole attempt: account, order, challenges, certificate (the Strategy)."""
     from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
-
-    def step(what, fn, *args, **kw):
-        try:
-            return fn(*args, **kw)
-        except requests.exceptions.RequestException as e:
-            raise _Problem(f"{what}: cannot reach the CA at {m.directory} ({e.__class__.__name__}: "
-                           f"{_root(e)})") from None
-        except errors.ValidationError as e:
-            raise _Problem("; ".join(
-                f"{a.body.identifier.value}: validation failed: "
-                + "; ".join(_problem(c.error) for c in a.body.challenges if c.error)
-                for a in e.failed_authzrs)) from None
-        except (messages.Error, errors.Error, ValueError) as e:
-            raise _Problem(f"{what}: {_problem(e)}") from None
-
-    account_file = os.path.join(m.folder, "account-%s.json" % hashlib.sha256(
-        m.directory.encode()).hexdigest()[:12])
-    account = None
-    try:
-        with open(account_file) as f:
-            account = json.load(f)
-    except (OSError, ValueError):
-        pass
-    if account:
-        key = serialization.load_pem_private_key(account["key"].encode(), None)
-    else:
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    jwk = jose.JWKRSA(key=key)
-    net = client.ClientNetwork(jwk, user_agent="orisha", verify_ssl=m.ca or True,
-                               timeout=NETWORK_TIMEOUT)
-    directory = step("the directory", client.ClientV2.get_directory, m.directory, net)
-    acme = client.ClientV2(directory, net)
-    def register():
-        reg = messages.NewRegistration.from_data(email=m.email, terms_of_service_agreed=True)
-        regr = step(f"the account for {m.email}", acme.new_account, reg)
-        write_private(account_file, json.dumps({"uri": regr.uri, "key": key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption()).decode()}).encode())
-
-    if account:
-        net.account = messages.RegistrationResource(uri=account["uri"], body=messages.Registration())
-    else:
-        register()
+    from cryptography.hazmat.primitives.asymmetric import ec
+    session = _Session(m)
     cert_key = ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    csr = crypto_util.make_csr(cert_key, m.domains)
-    try:
-        order = acme.new_order(csr)
-    except messages.Error as e:
-        if not (account and e.code == "accountDoesNotExist"):  # a CA that lost the account
-            order = step(f"the order for {', '.join(m.domains)}", _raise, e)
-        net.account = None  # (a test CA restarted, an account deactivated): a new one, once
-        register()
-        order = step(f"the order for {', '.join(m.domains)}", acme.new_order, csr)
-    except requests.exceptions.RequestException as e:
-        order = step(f"the order for {', '.join(m.domains)}", _raise, e)
-    kind = "http-01" if m.http else "tls-alpn-01"
-    thumb = jose.b64encode(jwk.thumbprint(hash_function=_sha256())).decode()
-    answers, http, alpn = [], {}, {}
-    for authz in order.authorizations:
-        name = authz.body.identifier.value
-        if authz.body.status == messages.STATUS_VALID:
-            continue  # validated recently (authorization reuse)
-        challb = next((c for c in authz.body.challenges if c.chall.to_partial_json().get("type")
-                       == kind or getattr(c.chall, "typ", None) == kind), None)
-        if challb is None:
-            raise _Problem(f"{name}: the CA offers no {kind} challenge")
-        token = challb.chall.to_partial_json()["token"]
-        ka = f"{token}.{thumb}"
-        if kind == "http-01":
-            http[token] = ka
-        else:
-            alpn[name] = [x.decode() for x in challenge_certificate(name, ka)]
-        answers.append(challb)
+    order = session.order(cert_key)
+    answers, http, alpn = session.challenges(order)
     if answers:
         sock.sendall(json.dumps({"challenges": {"http": http, "alpn": alpn}}).encode() + b"\n")
         sock.settimeout(GO_TIMEOUT)
@@ -499,18 +427,118 @@ def _issue(m: Manager, sock: socket.socket) -> None:
                 raise _Problem("the server did not put the challenges in place")
         except socket.timeout:
             raise _Problem("the challenges were not in place within %d s" % GO_TIMEOUT) from None
-        for challb in answers:  # RFC 8555 §7.5.1; not ``answer_challenge``, which insists on
-            # a Link "up" header that RFC 8555 does not require (Pebble 2.4 sends none)
-            step(f"the {kind} challenge", net.post, challb.uri, _Empty(),
-                 new_nonce_url=directory.newNonce)
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=ORDER_TIMEOUT)
-    done = step(f"the order for {', '.join(m.domains)}", acme.poll_and_finalize, order, deadline)
+        session.answer(answers)
+    done = session.finish(order)
     save_certificate(m.folder, m.domains, cert_key, done.fullchain_pem.encode())
     sock.sendall(b'{"issued": true}\n')
 
 
-def _raise(e: BaseException):
-    raise e
+class _Session:
+    """One attempt's conversation with the CA through certbot's ``acme`` library; every
+    failure becomes a ``_Problem`` naming the step and the CA's problem document."""
+
+    def __init__(self, m: Manager) -> None:
+        import josepy as jose
+        from acme import client
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        self.m = m
+        self.what = ", ".join(m.domains)
+        self.account_file = os.path.join(m.folder, "account-%s.json" % hashlib.sha256(
+            m.directory.encode()).hexdigest()[:12])
+        try:
+            with open(self.account_file) as f:
+                self.account = json.load(f)
+            key = serialization.load_pem_private_key(self.account["key"].encode(), None)
+        except (OSError, ValueError, KeyError):  # none yet (or unreadable): a new account
+            self.account = None
+            key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.key = key
+        self.jwk = jose.JWKRSA(key=key)
+        self.net = client.ClientNetwork(self.jwk, user_agent="orisha", verify_ssl=m.ca or True,
+                                        timeout=NETWORK_TIMEOUT)
+        self.directory = self.step("the directory", client.ClientV2.get_directory,
+                                   m.directory, self.net)
+        self.acme = client.ClientV2(self.directory, self.net)
+
+    def step(self, what: str, fn, *args, **kw):
+        import requests
+        from acme import errors, messages
+        try:
+            return fn(*args, **kw)
+        except requests.exceptions.RequestException as e:
+            raise _Problem(f"{what}: cannot reach the CA at {self.m.directory} "
+                           f"({e.__class__.__name__}: {_root(e)})") from None
+        except errors.ValidationError as e:
+            raise _Problem("; ".join(
+                f"{a.body.identifier.value}: validation failed: "
+                + "; ".join(_problem(c.error) for c in a.body.challenges if c.error)
+                for a in e.failed_authzrs)) from None
+        except (messages.Error, errors.Error, ValueError) as e:
+            raise _Problem(f"{what}: {_problem(e)}") from None
+
+    def register(self) -> None:
+        """A new account; saved only once the CA has accepted it."""
+        from acme import messages
+        from cryptography.hazmat.primitives import serialization
+        reg = messages.NewRegistration.from_data(email=self.m.email, terms_of_service_agreed=True)
+        regr = self.step(f"the account for {self.m.email}", self.acme.new_account, reg)
+        write_private(self.account_file, json.dumps({"uri": regr.uri, "key": self.key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()).decode()}).encode())
+
+    def order(self, cert_key: bytes):
+        from acme import crypto_util, messages
+        if self.account:
+            self.net.account = messages.RegistrationResource(uri=self.account["uri"],
+                                                             body=messages.Registration())
+        else:
+            self.register()
+        csr = crypto_util.make_csr(cert_key, self.m.domains)
+        what = f"the order for {self.what}"
+        try:
+            return self.step(what, self.acme.new_order, csr)
+        except _Problem as e:
+            if not (self.account and "accountDoesNotExist" in str(e)):
+                raise
+        self.net.account = None  # a CA that lost the account (a test CA restarted, an
+        self.register()          # account deactivated): a new one, once
+        return self.step(what, self.acme.new_order, csr)
+
+    def challenges(self, order):
+        """(challenges to answer, HTTP-01 token → key authorization, name → TLS-ALPN-01
+        certificate and key)."""
+        import josepy as jose
+        from acme import messages
+        kind = "http-01" if self.m.http else "tls-alpn-01"
+        thumb = jose.b64encode(self.jwk.thumbprint(hash_function=_sha256())).decode()
+        answers, http, alpn = [], {}, {}
+        for authz in order.authorizations:
+            name = authz.body.identifier.value
+            if authz.body.status == messages.STATUS_VALID:
+                continue  # validated recently (authorization reuse)
+            challb = next((c for c in authz.body.challenges
+                           if c.chall.to_partial_json().get("type") == kind), None)
+            if challb is None:
+                raise _Problem(f"{name}: the CA offers no {kind} challenge")
+            ka = f"{challb.chall.to_partial_json()['token']}.{thumb}"
+            if kind == "http-01":
+                http[ka.split('.')[0]] = ka
+            else:
+                alpn[name] = [x.decode() for x in challenge_certificate(name, ka)]
+            answers.append(challb)
+        return answers, http, alpn
+
+    def answer(self, answers) -> None:
+        for challb in answers:  # RFC 8555 §7.5.1; not ``answer_challenge``, which insists on
+            # a Link "up" header that RFC 8555 does not require (Pebble 2.4 sends none)
+            self.step("the challenge", self.net.post, challb.uri, _Empty(),
+                      new_nonce_url=self.directory.newNonce)
+
+    def finish(self, order):
+        deadline = datetime.datetime.now() + datetime.timedelta(seconds=ORDER_TIMEOUT)
+        return self.step(f"the order for {self.what}", self.acme.poll_and_finalize, order,
+                         deadline)
 
 
 def _root(e: BaseException) -> str:
