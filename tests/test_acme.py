@@ -523,3 +523,38 @@ def test_issuance_on_every_hosted_loop(build, pebble, tmp_path, loop):
         assert f"\r\nLocation: https://example.org:{s.port}/x?y\r\n".encode() in r.stdout
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("overlay", ["tls-cert-manager", "tls-acme"])
+def test_the_kubernetes_overlays_name_what_the_executable_reads(overlay):
+    """deploy/kubernetes/<overlay>: the env the container's entry point reads, the ports it
+    then serves, the Secret mounted as a folder (watched: never subPath) or the state volume."""
+    yaml = pytest.importorskip("yaml")
+    from conftest import ROOT
+    from orisha.targets.container import runtime
+    folder = os.path.join(ROOT, "deploy", "kubernetes", overlay)
+    with open(os.path.join(folder, "kustomization.yaml")) as f:
+        kust = yaml.safe_load(f)
+    for r in kust["resources"][1:] + [p["path"] for p in kust["patches"] if "path" in p]:
+        assert os.path.isfile(os.path.join(folder, r)), r
+    with open(os.path.join(folder, "deployment-patch.yaml")) as f:
+        pod = yaml.safe_load(f)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        args = runtime.parser().parse_args([])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert (args.port, args.http_port) == (ports["https"], ports["http"])
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert all("subPath" not in m for m in mounts.values())
+    if overlay == "tls-cert-manager":
+        assert os.path.dirname(args.tls_cert) == mounts["tls"]["mountPath"] == os.path.dirname(args.tls_key)
+    else:
+        assert pod.get("securityContext", {}).get("fsGroup") == 65534
+        assert args.state == mounts["state"]["mountPath"] and args.acme_email
+        assert env["DOMAINS"].split(",") == ["example.org", "www.example.org"]
