@@ -7,6 +7,12 @@ Each step is a method: ``_spawn_generation``, ``_reap``, ``_reload``, ``_stop``,
 ``_escalate``, ``_answer_admin``. The workers run a loop body over the core
 and know nothing of this module beyond a stop flag and two shared slots.
 
+Certificates are run-time data handed over the same way: ``_renew`` starts a new
+generation with protocols made anew (no build reload) when the watched certificate
+files change (``FileWatch``) or the ACME manager (orisha/acme.py, stepped every turn,
+its helper process reaped here) has challenges or a certificate for the workers. The
+plain port beside a TLS port (``plain``) is served by one more worker per listener.
+
 No fault may leave the service down or a process behind:
 
 - Signals at any rate: SIGHUP while older generations are still draining

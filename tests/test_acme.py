@@ -207,8 +207,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# The ports our servers listen on in the ACME tests, where Pebble validates.
-TLS_PORT, HTTP_PORT = _free_port(), _free_port()
 DOMAINS = ["example.org", "www.example.org"]
 EMAIL = "admin@example.org"
 
@@ -216,9 +214,11 @@ EMAIL = "admin@example.org"
 class Pebble:
     """Pebble and pebble-challtestsrv (its DNS: every name is 127.0.0.1), stopped by ``stop``."""
 
-    def __init__(self, folder: str, pki, validity: int | None = None, http_port=HTTP_PORT,
-                 tls_port=TLS_PORT, ports=None, **extra) -> None:
+    def __init__(self, folder: str, pki, validity: int | None = None, **extra) -> None:
         self.folder, self.pki = folder, pki
+        # Where Pebble validates: the ports the test's server listens on (``acme_serve``).
+        self.http_port, self.tls_port = _free_port(), _free_port()
+        http_port, tls_port, ports = self.http_port, self.tls_port, None
         self.dir_port, self.mgmt_port, dns = ports or (_free_port(), _free_port(), _free_port())
         config = {"listenAddress": f"127.0.0.1:{self.dir_port}",
                   "managementListenAddress": f"127.0.0.1:{self.mgmt_port}",
@@ -338,12 +338,16 @@ def pebble(tmp_path, pki):
         p.stop()
 
 
-def acme_serve(build, ca, state, *extra, loop="epoll", domains=DOMAINS, http=True, email=EMAIL):
-    args = [a for d in domains for a in ("--domain", d)]
+def acme_serve(build, ca, state, *extra, loop="epoll", domains=DOMAINS, http=True, email=EMAIL,
+               port=None):
+    """An ACME server on the ports Pebble validates (``port``: elsewhere, so that Pebble finds
+    nothing on its TLS port)."""
+    args = ["--port", str(port or ca.tls_port)]
+    args += [a for d in domains for a in ("--domain", d)]
     args += ["--acme-email", email, "--acme-directory", ca.directory, "--acme-ca", ca.pki.ca,
              "--state", str(state)]
     if http:
-        args += ["--http-port", str(HTTP_PORT)]
+        args += ["--http-port", str(ca.http_port)]
     s = Served(build, *args, *extra, loop=loop)
     return s
 
@@ -369,9 +373,9 @@ def _cert_serial(port: int, root: str, name: str = "example.org") -> tuple[int, 
 
 
 def test_issuance_by_http01_alone_names_every_domain_and_curl_trusts_it(build, pebble, tmp_path):
-    ca = pebble(tls_port=_free_port())  # nothing answers where Pebble would try TLS-ALPN-01
-    state = tmp_path / "state"
-    s = acme_serve(build, ca, state, "--port", str(TLS_PORT))
+    ca = pebble()
+    state = tmp_path / "state"  # nothing answers where Pebble would try TLS-ALPN-01:
+    s = acme_serve(build, ca, state, port=_free_port())
     try:
         root = issued(s, ca, str(tmp_path / "root.pem"))
         for d in DOMAINS:
@@ -386,9 +390,9 @@ def test_issuance_by_http01_alone_names_every_domain_and_curl_trusts_it(build, p
 
 
 def test_issuance_by_tls_alpn01_alone_then_a_restart_reuses_it(build, pebble, tmp_path):
-    ca = pebble(http_port=_free_port())  # nothing answers where Pebble would try HTTP-01
-    state = tmp_path / "state"
-    s = acme_serve(build, ca, state, "--port", str(TLS_PORT), http=False)
+    ca = pebble()
+    state = tmp_path / "state"  # no plain port: nothing answers where Pebble tries HTTP-01
+    s = acme_serve(build, ca, state, http=False)
     try:
         assert s.http_port is None
         root = issued(s, ca, str(tmp_path / "root.pem"))
@@ -400,7 +404,7 @@ def test_issuance_by_tls_alpn01_alone_then_a_restart_reuses_it(build, pebble, tm
         assert r.returncode == 0 and r.stdout == demo_file("index.html"), r.stderr
     finally:
         assert s.stop() == 0
-    s = acme_serve(build, ca, state, "--port", str(TLS_PORT), http=False)
+    s = acme_serve(build, ca, state, http=False)
     try:
         s.wait_for("ACME: using the stored certificate for example.org, www.example.org")
         assert _cert_serial(s.port, root)[0] == serial
@@ -416,7 +420,7 @@ def test_renewal_under_load_fails_no_request_with_the_ca_away_at_first(build, pe
     ca = pebble(validity=18)
     gate = Gate(ca.dir_port)
     ca.dir_port = gate.port  # the server talks to Pebble through the gate
-    s = acme_serve(build, ca, tmp_path / "state", "--port", str(TLS_PORT), "--admin-port", "0")
+    s = acme_serve(build, ca, tmp_path / "state", "--admin-port", "0")
     failures, serials, stop, roots = [], [], threading.Event(), []
 
     def load() -> None:
@@ -474,7 +478,7 @@ def test_renewal_under_load_fails_no_request_with_the_ca_away_at_first(build, pe
 def _fails(build, ca_dir: str, ca_file: str, state, *extra, email=EMAIL, domains=DOMAINS):
     from conftest import orisha
     args = [a for d in domains for a in ("--domain", d)]
-    r = orisha("serve", build, "--port", str(TLS_PORT), "--workers", "1", *args, "--acme-email",
+    r = orisha("serve", build, "--port", str(_free_port()), "--workers", "1", *args, "--acme-email",
                email, "--acme-directory", ca_dir, "--acme-ca", ca_file, "--state", str(state),
                *extra, timeout=60)
     assert r.returncode == 1, r.stderr
@@ -497,7 +501,7 @@ def test_a_failing_first_issuance_is_one_line_and_leaves_nothing_half_written(bu
     assert line.startswith("orisha: error: cannot get a certificate for example.org, "
                            "www.example.org: the directory: "), line
     assert not state.exists()
-    line = _fails(build, ca.directory, pki.ca, state, "--http-port", str(HTTP_PORT),
+    line = _fails(build, ca.directory, pki.ca, state, "--http-port", str(ca.http_port),
                   domains=["example.org", "127.0.0.1"])  # an address as a DNS name: refused
     # The CA's problem document: its type and detail, naming the refused domain.
     assert "(urn:ietf:params:acme:error:malformed)" in line and "IP address" in line, line
@@ -514,7 +518,7 @@ def test_a_failing_first_issuance_is_one_line_and_leaves_nothing_half_written(bu
 @pytest.mark.parametrize("loop", [name for name in LOOPS if name != "epoll"])  # epoll: above
 def test_issuance_on_every_hosted_loop(build, pebble, tmp_path, loop):
     ca = pebble()
-    s = acme_serve(build, ca, tmp_path / "state", "--port", str(TLS_PORT), loop=loop)
+    s = acme_serve(build, ca, tmp_path / "state", loop=loop)
     try:
         root = issued(s, ca, str(tmp_path / "root.pem"))
         r = curl("--cacert", root, *_tls_args(s), f"https://www.example.org:{s.port}/")
