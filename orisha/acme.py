@@ -60,6 +60,9 @@ _DOMAIN = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0
 NETWORK_TIMEOUT = 15  # seconds for one request to the CA
 ORDER_TIMEOUT = 90  # seconds for the CA to validate and issue
 GO_TIMEOUT = 60.0  # seconds the helper waits for the challenges to be served
+# Seconds an attempt may take in all (each request and the order have their own timeouts
+# above; this bounds a helper stuck anyway): then it is killed and the attempt has failed.
+ATTEMPT_TIMEOUT = 300.0
 
 
 def state_dir(given: str | None) -> str:
@@ -294,6 +297,9 @@ class Manager:
         if self.helper is None:
             if time.monotonic() >= self.next_at:
                 self._start(sup)
+        elif time.monotonic() > self.started + ATTEMPT_TIMEOUT and not self.killed:
+            self.killed = True
+            os.kill(self.helper[0], signal.SIGKILL)  # reaped as an attempt without an answer
         elif self.go_pending and settled:
             self.go_pending = False
             self.helper[1].sendall(b"go\n")
@@ -322,6 +328,7 @@ class Manager:
         theirs.close()
         ours.setblocking(False)
         self.helper, self.inbox, self.answered = (pid, ours), b"", False
+        self.started, self.killed = time.monotonic(), False
         what = "renewing" if self.stored.covers(self.domains) else "requesting"
         print(f"orisha: ACME: {what} a certificate for {', '.join(self.domains)} from "
               f"{self.directory} (attempt {self.attempts})", file=sys.stderr)

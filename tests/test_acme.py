@@ -562,3 +562,28 @@ def test_the_kubernetes_overlays_name_what_the_executable_reads(overlay):
         assert pod.get("securityContext", {}).get("fsGroup") == 65534
         assert args.state == mounts["state"]["mountPath"] and args.acme_email
         assert env["DOMAINS"].split(",") == ["example.org", "www.example.org"]
+
+
+def test_the_client_hello_names_its_server_and_alpn_before_openssl_sees_it():
+    """What ``tls.Tls.choose`` reads from the raw first record (RFC 8737 needs the ALPN list,
+    which the stdlib's SNI callback cannot see): a real OpenSSL ClientHello, whole and cut."""
+    from orisha.protocols.tls import ACME_ALPN, client_hello
+
+    def hello(alpn, name="Example.ORG") -> bytes:
+        ctx = ssl.create_default_context()
+        if alpn:
+            ctx.set_alpn_protocols(alpn)
+        out = ssl.MemoryBIO()
+        c = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname=name)
+        with pytest.raises(ssl.SSLWantReadError):
+            c.do_handshake()
+        return out.read()
+
+    data = hello([ACME_ALPN])
+    assert client_hello(data) == ("example.org", [b"acme-tls/1"])
+    assert client_hello(hello(["h2", "http/1.1"])) == ("example.org", [b"h2", b"http/1.1"])
+    assert client_hello(hello(None)) == ("example.org", [])
+    for n in range(len(data)):  # a cut record never raises: None, or what it holds so far
+        r = client_hello(data[:n])
+        assert r is None or isinstance(r, tuple)
+    assert client_hello(b"GET / HTTP/1.1\r\n\r\n") is None
