@@ -123,7 +123,7 @@ def _limit_options(f):
 @main.command()
 @click.argument("path", type=click.Path())
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", type=int, help="[default: 8080; 443 with --domain]")
 @click.option("--workers", type=int, help="Worker processes [default: one per core].")
 @click.option("--loop", type=click.Choice(LOOPS[:-1]), help="Override the loop recorded in the build.")
 @click.option("--fallback", metavar="FILE", help="When PATH is a site: SPA fallback document.")
@@ -156,6 +156,8 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
           admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
           acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
+    if port is None:  # a CA validates TLS-ALPN-01 on 443 (RFC 8737 §3), HTTP-01 on 80
+        port = 443 if domains else 8080
     if not manifest.is_build(path):
         path = build_into_cache(path, fallback=fallback, not_found=not_found)
     if loop is None and manifest.read(path).get("loop") == "unikernel":
