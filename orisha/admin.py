@@ -44,6 +44,9 @@ class Status(NamedTuple):
     reloads: int
     draining: int  # generations still finishing their responses
     sites: tuple = ()  # several sites: (host names, build summary) of each, in --site order
+    # More (name, type, help, value) series: the ACME manager's (orisha/acme.py), certificate
+    # file reloads.
+    extra: tuple = ()
 
 
 # (slot, metric name, type, help) of the per-worker counters, addressed by ``Stat``.
@@ -76,7 +79,7 @@ def exposition(s: Status) -> bytes:
             ("reloads_total", "counter", "Builds reloaded (SIGHUP).", s.reloads),
             ("draining_generations", "gauge",
              "Older generations of workers still finishing their responses.", s.draining),
-            ("ready", "gauge", "1 when /readyz answers 200.", int(s.ready))):
+            ("ready", "gauge", "1 when /readyz answers 200.", int(s.ready)), *s.extra):
         out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}\n"
                    f"orisha_{name} {value}")
     return ("\n".join(out) + "\n").encode()

@@ -127,7 +127,7 @@ def _limit_options(f):
               "names; *.example.org: every name under it). Repeat it; the first answers "
               "unknown hosts. Instead of PATH.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", type=int, help="[default: 8080; 443 with --domain]")
 @click.option("--workers", type=int, help="Worker processes [default: one per core].")
 @click.option("--loop", type=click.Choice(LOOPS[:-1]), help="Override the loop recorded in the build.")
 @click.option("--fallback", metavar="FILE", help="When PATH is a site: SPA fallback document.")
@@ -143,10 +143,26 @@ def _limit_options(f):
 @click.option("--tls-key", metavar="FILE", multiple=True, help="PEM private key of --tls-cert.")
 @click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
               help="Oldest TLS version accepted.")
+@click.option("--http-port", type=int, metavar="PORT", help="With TLS: also listen on PORT "
+              "(plain HTTP), answering every request with a 308 to https (and ACME HTTP-01).")
+@click.option("--hsts", type=int, metavar="SECONDS",
+              help="With TLS: Strict-Transport-Security: max-age=SECONDS on every response.")
+@click.option("--domain", "domains", multiple=True, metavar="NAME", help="Certificates from "
+              "ACME (instead of --tls-cert): one certificate naming every --domain (repeatable).")
+@click.option("--acme-email", metavar="ME", help="Contact address of the ACME account.")
+@click.option("--acme-directory", metavar="URL", help="ACME directory [default: Let's "
+              "Encrypt's production directory].")
+@click.option("--acme-ca", metavar="FILE", help="CA bundle to trust for the ACME directory's "
+              "own HTTPS (private CAs, tests).")
+@click.option("--state", metavar="DIR", help="ACME state: account key, certificate and key "
+              "[default: $ORISHA_STATE or ~/.local/share/orisha].")
 @_limit_options
 def serve(path, sites, host, port, workers, loop, fallback, not_found, access_log, admin_port,
-          admin_host, tls_cert, tls_key, tls_min, **limits) -> None:
+          admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
+          acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
+    if port is None:  # a CA validates TLS-ALPN-01 on 443 (RFC 8737 §3), HTTP-01 on 80
+        port = 443 if domains else 8080
     pairs = _sites(path, sites, fallback, not_found)
     path = pairs[0][1]
     if len(pairs) == 1:
@@ -160,7 +176,9 @@ def serve(path, sites, host, port, workers, loop, fallback, not_found, access_lo
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
                  admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
-                 sites=pairs))
+                 sites=pairs, http_port=http_port, hsts=hsts, domains=domains,
+                 acme_email=acme_email, acme_directory=acme_directory, acme_ca=acme_ca,
+                 state=state))
 
 
 def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]]:

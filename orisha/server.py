@@ -26,7 +26,7 @@ from .core.policy import Limits
 from .loops.base import BACKLOG
 from .errors import LoopUnavailable, ServeError
 from .manifest import is_build
-from .supervisor import Supervisor
+from .supervisor import FileWatch, Supervisor
 
 
 def load_site(build_dir: str):
@@ -43,7 +43,7 @@ def load_site(build_dir: str):
     return module.SITE
 
 
-def load_sites(sites, previous=None):
+def load_sites(sites, previous=None, load=load_site):
     """A ``Hosts`` table (orisha/core/hosts.py) of ``sites``, (host names, build folder) pairs.
 
     ``previous``: a reload's table; a site whose build does not load keeps its previous
@@ -55,7 +55,7 @@ def load_sites(sites, previous=None):
             loaded.append((names, out))
             continue
         try:
-            loaded.append((names, load_site(out)))
+            loaded.append((names, load(out)))
         except ServeError as e:
             if previous is None:
                 raise
@@ -65,12 +65,12 @@ def load_sites(sites, previous=None):
     return Hosts(loaded)
 
 
-def _site_loader(sites, first):
+def _site_loader(sites, first, loader=load_site):
     """What a SIGHUP runs: every site again, each falling back to what it served."""
     last = [first]
 
     def load():
-        last[0] = load_sites(sites, last[0])
+        last[0] = load_sites(sites, last[0], loader)
         return last[0]
     return load
 
@@ -136,28 +136,42 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         loop: str | None = None, limits: Limits | None = None, announce=print,
         access_log: str | None = None, admin_port: int | None = None,
         admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
-        tls_min: str = "1.2", sites=None) -> int:
+        tls_min: str = "1.2", sites=None, http_port: int | None = None, hsts: int | None = None,
+        domains=(), acme_email: str | None = None, acme_directory: str | None = None,
+        acme_ca: str | None = None, state: str | None = None) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
     SIGHUP reloads a build folder with zero downtime: a new generation of
     workers starts on the same listeners, then the old one stops gracefully.
     ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
     ``tls_cert``/``tls_key``: the port speaks TLS (HTTP/2 by ALPN, orisha/protocols/tls.py);
-    a reload reads them anew. Without them: cleartext HTTP/1.1 and h2c. Both may be
-    sequences of as many files: SNI picks the certificate (``tls.by_sni``).
-    ``sites``: several sites, (host names, build folder) pairs, instead of ``build_dir``;
-    Host (HTTP/2: :authority) chooses one, the first answers unknown hosts.
+    a reload reads them anew, and so does a change to either file (polled each second).
+    Without them: cleartext HTTP/1.1 and h2c. Both may be sequences of as many files: SNI
+    picks the certificate (``tls.by_sni``). ``sites``: several sites, (host names, build
+    folder) pairs, instead of ``build_dir``; Host (HTTP/2: :authority) chooses one, the
+    first answers unknown hosts. ``domains``: certificates from ACME (orisha/acme.py).
+    ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
+    HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers.
     """
-    protocols = _protocols(tls_cert, tls_key, tls_min)
+    acme = _acme(domains, tls_cert, acme_email, acme_directory, acme_ca, state, tls_min,
+                 http_port is not None)
+    protocols = acme.protocols if acme else _protocols(tls_cert, tls_key, tls_min)
     protocols()  # a bad certificate or key fails here, before any port is taken
+    tls_on = bool(tls_cert or acme)
+    if (http_port is not None or hsts is not None) and not tls_on:
+        raise ServeError("--http-port and --hsts go with TLS (--tls-cert/--tls-key or --domain)")
     reloadable = sites is not None or isinstance(build_dir, (str, os.PathLike))
+    loader = _with_hsts(load_site, hsts)
     if sites is not None:
-        site = load_sites(sites)
-        load = _site_loader(sites, site)
+        # a site loaded already (the container's own) gets HSTS once here, never per reload
+        sites = [(names, out if isinstance(out, (str, os.PathLike))
+                  else _with_hsts(lambda s: s, hsts)(out)) for names, out in sites]
+        site = load_sites(sites, load=loader)
+        load = _site_loader(sites, site, loader)
         build_dir = ", ".join(names[0] for names, _ in sites)
     else:
-        site = load_site(build_dir) if reloadable else build_dir
-        load = lambda: load_site(build_dir)  # noqa: E731
+        site = loader(build_dir) if reloadable else _with_hsts(lambda s: s, hsts)(build_dir)
+        load = lambda: loader(build_dir)  # noqa: E731
     name, loop_cls = _loop(loop or site.loop)
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
@@ -166,16 +180,25 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     try:
         socks = listeners(host, port, workers)
+        plain = listeners(host, http_port, workers) if http_port is not None else []
     except ServeError:
-        if admin:
-            admin.close()
+        for s in [admin] + locals().get("socks", []):
+            if s is not None:
+                s.close()
         raise
+    https_port = socks[0].getsockname()[1]
     sup = Supervisor(site, socks, loop_cls, limits or Limits(), log=log, admin=admin,
                      load=load if reloadable else None,
-                     name=str(build_dir) if reloadable else "", protocols=protocols)
+                     name=str(build_dir) if reloadable else "", protocols=protocols,
+                     plain=plain, plain_app=_plain_app(https_port, acme) if plain else None,
+                     watch=FileWatch([*_seq(tls_cert), *_seq(tls_key)]) if tls_cert else None,
+                     acme=acme)
     sup.start()
-    announce(_serving_line(socks[0].getsockname(), admin, name, workers, site,
-                           "https" if tls_cert else "http"))
+    line = _serving_line(socks[0].getsockname(), admin, name, workers, site,
+                         "https" if tls_on else "http")
+    if plain:
+        line += f" (and {_url(plain[0].getsockname())}/: redirects to https)"
+    announce(line)
     sys.stdout.flush()
     return sup.serve()
 
@@ -191,10 +214,14 @@ def _loop(wanted: str):
         raise ServeError(str(e)) from None
 
 
+def _seq(files) -> tuple:
+    """One file name or a sequence of them (--tls-cert/--tls-key may repeat)."""
+    return (files,) if isinstance(files, str) else tuple(files or ())
+
+
 def _protocols(cert: str | None, key: str | None, minimum: str):
     """What makes each worker generation's protocols object (orisha/protocols/)."""
-    certs = (cert,) if isinstance(cert, str) else tuple(cert or ())
-    keys = (key,) if isinstance(key, str) else tuple(key or ())
+    certs, keys = _seq(cert), _seq(key)
     if not certs and not keys:
         from .protocols.front import Plain  # HTTP/1.1, and h2c for clients that know
         return Plain
@@ -204,6 +231,45 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
     print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs", file=sys.stderr)
     return lambda: tls.Tls(tls.by_sni([(c, tls.context(c, k, minimum))
                                        for c, k in zip(certs, keys)]))
+
+
+def _acme(domains, tls_cert, email, directory, ca, state, minimum: str, http: bool):
+    """The ACME manager (orisha/acme.py) for ``--domain``, or None."""
+    if not domains:
+        if email or directory or ca:
+            raise ServeError("--acme-email/--acme-directory/--acme-ca go with --domain")
+        return None
+    if tls_cert:
+        raise ServeError("--domain (certificates from ACME) or --tls-cert, not both")
+    try:
+        from . import acme
+    except ImportError as e:  # the optional extra is not installed
+        raise ServeError(f"--domain needs the acme extra: pip install 'orisha[acme]' ({e})") from None
+    return acme.Manager(acme.check_options(domains, email), email, directory, ca, state,
+                        minimum, http)
+
+
+def _with_hsts(load, seconds: int | None):
+    """``load`` followed by HSTS in every head (orisha/core/upgrade.py), at load time."""
+    if seconds is None:
+        return load
+
+    def loaded(arg):
+        from .core.upgrade import hsts
+        from .protocols.hpack_blocks import block
+        return hsts(load(arg), seconds, encode=block)
+    return loaded
+
+
+def _plain_app(https_port: int, acme):
+    """What makes a plain-port worker's app: the redirect to https, with this generation's
+    HTTP-01 tokens (read from the ACME manager when the worker is forked)."""
+    from .core.upgrade import Upgrade
+
+    def make(site, limits, publish=None, log=None):
+        return Upgrade(site, limits, publish=publish, log=log, https_port=https_port,
+                       tokens=dict(acme.tokens) if acme else {})
+    return make
 
 
 def _url(addr, scheme: str = "http") -> str:

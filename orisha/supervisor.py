@@ -7,6 +7,12 @@ Each step is a method: ``_spawn_generation``, ``_reap``, ``_reload``, ``_stop``,
 ``_escalate``, ``_answer_admin``. The workers run a loop body over the core
 and know nothing of this module beyond a stop flag and two shared slots.
 
+Certificates are run-time data handed over the same way: ``_renew`` starts a new
+generation with protocols made anew (no build reload) when the watched certificate
+files change (``FileWatch``) or the ACME manager (orisha/acme.py, stepped every turn,
+its helper process reaped here) has challenges or a certificate for the workers. The
+plain port beside a TLS port (``plain``) is served by one more worker per listener.
+
 No fault may leave the service down or a process behind:
 
 - Signals at any rate: SIGHUP while older generations are still draining
@@ -110,6 +116,38 @@ class SharedStats:
         self.free.append(slot)
 
 
+class FileWatch:
+    """Files polled for change (certbot renew, a Kubernetes Secret's symlink swap): their
+    device, inode, size and mtime, through symlinks, compared about once a second."""
+
+    def __init__(self, paths: list[str], every: float = 1.0) -> None:
+        self.paths, self.every = paths, every
+        self.seen = self._look()
+        self.next = time.monotonic() + every
+
+    def _look(self) -> tuple:
+        out = []
+        for p in self.paths:
+            try:
+                st = os.stat(p)
+            except OSError as e:  # mid-rename, or gone: a change the reload will report
+                out.append(e.errno)
+                continue
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if now < self.next:
+            return False
+        self.next = now + self.every
+        seen = self._look()
+        if seen == self.seen:
+            return False
+        self.seen = seen
+        return True
+
+
 class Worker:
     """The supervisor's record of one worker process."""
     __slots__ = ("slot", "index", "gen", "began", "kill_at")
@@ -134,7 +172,9 @@ class Supervisor:
     def __init__(self, site, socks: list[socket.socket], loop_cls, limits: Limits, *,
                  load: Callable[[], object] | None = None, log=None,
                  admin: socket.socket | None = None, name: str = "",
-                 protocols: Callable[[], object] | None = None) -> None:
+                 protocols: Callable[[], object] | None = None,
+                 plain: list[socket.socket] = (), plain_app: Callable[..., App] | None = None,
+                 watch: "FileWatch | None" = None, acme=None) -> None:
         self.site, self.socks, self.loop_cls, self.limits = site, socks, loop_cls, limits
         self.load, self.log, self.admin, self.name = load, log, admin, name
         # ``protocols`` makes a generation's TLS/HTTP/2 front (orisha/protocols/), here in the
@@ -142,13 +182,24 @@ class Supervisor:
         # and a reload reads the certificate anew.
         self.make_protocols = protocols
         self.protocols = protocols() if protocols else None
-        self.workers = len(socks)
+        # ``plain``: the plain port beside the TLS port (``--http-port``), one more worker per
+        # listener, whose app ``plain_app(site, limits, publish=, log=)`` makes (the redirect
+        # to https and the ACME HTTP-01 answers, orisha/core/upgrade.py); forked like the rest.
+        self.first_plain = len(socks)
+        self.socks = list(socks) + list(plain)
+        self.plain_app = plain_app
+        # ``watch``: the certificate files, polled about once a second; a change starts a
+        # new generation as SIGHUP does, without reloading the build (``_renew``).
+        # ``acme``: the certificate manager (orisha/acme.py), stepped every turn.
+        self.watch, self.acme = watch, acme
+        self.workers = len(self.socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1))
         self.live: dict[int, Worker] = {}
         self.due: dict[int, float] = {}  # worker index → when to restart it
         self.gen = 0
         self.stopping = self.reload_pending = self.serving = False
         self.restarts = self.reloads = 0
+        self.exit_status = 0  # 1 after ``fail`` (a first ACME issuance that failed)
         self.pid = os.getpid()
         self.got: list[int] = []
         self.wake_r, self.wake_w = os.pipe()  # signals wake select through this pipe
@@ -165,7 +216,9 @@ class Supervisor:
         """Run until stopped and every worker has exited; returns the exit status (0)."""
         waits = [self.wake_r] + ([self.admin] if self.admin else [])
         while not (self.stopping and not self.live):
-            ready, _, _ = select.select(waits, [], [], self._timeout())
+            acme_fd = self.acme.fileno() if self.acme else None
+            ready, _, _ = select.select(waits + ([acme_fd] if acme_fd is not None else []),
+                                        [], [], self._timeout())
             if self.wake_r in ready:
                 os.read(self.wake_r, 512)
             if self.admin in ready:
@@ -178,8 +231,12 @@ class Supervisor:
                 self._reload()
             self._restart_due()
             self._escalate()
+            if self.watch and not self.stopping and self.watch.changed():
+                self._renew("the certificate files changed")
+            if self.acme and not self.stopping:
+                self.acme.step(self, acme_fd in ready)
         self._settle_signals()
-        return 0
+        return self.exit_status
 
     @staticmethod
     def _settle_signals() -> None:
@@ -199,6 +256,8 @@ class Supervisor:
     def _timeout(self) -> float:
         """Seconds until the next thing to do (a restart, a SIGKILL), at most 1."""
         deadlines = [*self.due.values(), *(w.kill_at for w in self.live.values() if w.kill_at)]
+        if self.acme:
+            deadlines.append(self.acme.deadline())
         return max(0.0, min([1.0] + [t - time.monotonic() for t in deadlines]))
 
     # -- workers -------------------------------------------------------------------
@@ -237,13 +296,19 @@ class Supervisor:
             signal.set_wakeup_fd(-1)
             for fd in (self.wake_r, self.wake_w):
                 os.close(fd)
+            if self.acme:
+                self.acme.forked()  # the worker holds no end of the ACME helper's pipe
             for s in [self.admin] + self.socks:  # a dead supervisor's port must not stay held
                 if s is not None and s is not self.socks[index]:
                     s.close()
             _die_with(self.pid)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGTERM lands here
-            app = App(self.site, self.limits, publish=self.stats.publisher(slot), log=self.log,
-                      protocols=self.protocols)
+            if index >= self.first_plain and self.plain_app is not None:
+                app = self.plain_app(self.site, self.limits, publish=self.stats.publisher(slot),
+                                     log=self.log)
+            else:
+                app = App(self.site, self.limits, publish=self.stats.publisher(slot),
+                          log=self.log, protocols=self.protocols)
             body = self.loop_cls(self.socks[index], app)
             self.stats.mark_started(slot)
             body.run(lambda: bool(stop))
@@ -271,7 +336,11 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            w = self.live.pop(pid)
+            w = self.live.pop(pid, None)
+            if w is None:  # not a worker: the ACME helper (orisha/acme.py)
+                if self.acme:
+                    self.acme.reaped(pid, status)
+                continue
             self.stats.release(w.slot, w.index)
             if w.kill_at is None and not self.stopping and w.gen == self.gen:
                 code = os.waitstatus_to_exitcode(status)
@@ -330,6 +399,40 @@ class Supervisor:
             self._tell_to_stop(pid)
         print(f"orisha: reloaded {self.name}: {site.summary}", file=sys.stderr)
 
+    def _renew(self, why: str) -> bool:
+        """New certificates or challenges (the files changed, ACME): a new generation on
+        the same build with protocols made anew; if they cannot be made, the current
+        generation keeps serving and one line says why. True if a generation started."""
+        if self.make_protocols is None:
+            return False
+        try:
+            protocols = self.make_protocols()
+        except ServeError as e:
+            print(f"orisha: {why}, but the new certificate is not used, still serving the "
+                  f"previous one: {e}", file=sys.stderr)
+            return False
+        self.protocols = protocols
+        old = [pid for pid, w in self.live.items() if w.gen == self.gen]
+        self.gen += 1
+        self._spawn_generation()
+        for pid in old:
+            self._tell_to_stop(pid)
+        print(f"orisha: {why}: new generation {self.gen}", file=sys.stderr)
+        return True
+
+    def settled(self) -> bool:
+        """Only the current generation is left, and every one of its workers is in its loop:
+        what it was forked with (a challenge, a certificate) is what every connection meets."""
+        current = [w for w in self.live.values() if w.gen == self.gen]
+        return (not self._draining() and len(current) == self.workers
+                and all(self.stats.started(w.slot) for w in current))
+
+    def fail(self, message: str) -> None:
+        """A fatal error after start (a first ACME issuance that failed): one line, stop, exit 1."""
+        print(f"orisha: error: {message}", file=sys.stderr)
+        self.exit_status = 1
+        self._stop()
+
     def _stop(self) -> None:
         """SIGTERM/SIGINT: every worker stops accepting, finishes what it has, exits.
 
@@ -368,8 +471,9 @@ class Supervisor:
             why = ""
         sites = tuple(zip(self.site.names_of, (x.summary for x in self.site.sites))) \
             if hasattr(self.site, "names_of") else ()  # several sites (core/hosts.py)
+        extra = self.acme.counters() if self.acme else ()
         return Status(not why, why, per, self.restarts, self.reloads, len(self._draining()),
-                      sites)
+                      sites=sites, extra=extra)
 
     def _answer_admin(self) -> None:
         answer(self.admin, self.status)

@@ -545,3 +545,7 @@ def _if_range(value: bytes | None, entry: Entry) -> bool:
     if value[:1] == b'"':
         return value == entry.identity.etag
     return parse_http_date(value) == entry.last_modified
+# Public for the plain port beside a TLS port (orisha/core/upgrade.py), which frames its
+# requests the same way and answers the same errors.
+framing = _framing
+error_plan = _error_plan

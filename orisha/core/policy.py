@@ -22,12 +22,17 @@ ALLOW = b"GET, HEAD"
 
 # Reason phrases of every status the core itself produces (the rest come from the build).
 REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
-           304: b"Not Modified", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
+           304: b"Not Modified", 308: b"Permanent Redirect", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
            405: b"Method Not Allowed", 406: b"Not Acceptable", 408: b"Request Timeout",
            411: b"Length Required", 413: b"Content Too Large", 414: b"URI Too Long",
            416: b"Range Not Satisfiable", 421: b"Misdirected Request", 431: b"Request Header Fields Too Large",
            501: b"Not Implemented", 503: b"Service Unavailable",
            505: b"HTTP Version Not Supported"}
+# The plain port beside a TLS port (``orisha serve --http-port`` with TLS on) answers every
+# request with this redirect to https (RFC 9110 §15.4.9: the method and body are kept),
+# except ACME HTTP-01 challenges (RFC 8555 §8.3), answered 200 under this prefix.
+TO_HTTPS = 308
+ACME_CHALLENGE_PREFIX = b"/.well-known/acme-challenge/"
 # The statuses answered with a built-in plain-text error (``ERRORS`` in connection.py).
 ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505)
 # RFC 9110 §15.5.20: a Host that names another site than the connection's TLS server name

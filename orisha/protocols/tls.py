@@ -142,17 +142,69 @@ def probe_ktls() -> str:
     return "kTLS off: TLS runs over memory BIOs (OpenSSL enables kTLS on socket BIOs only)"
 
 
+ACME_ALPN = "acme-tls/1"  # RFC 8737 §6.2: the validator offers this protocol alone
+
+
+def client_hello(data: bytes) -> tuple[str | None, list[bytes]] | None:
+    """(server name, ALPN protocols offered) of the ClientHello at the start of ``data``
+    (RFC 8446 §4.1.2, §4.2; SNI: RFC 6066 §3; ALPN: RFC 7301 §3.1), or None when ``data``
+    holds no complete one (the caller then uses its default context)."""
+    try:
+        if data[0] != 0x16 or data[5] != 1:  # handshake record, client_hello message
+            return None
+        end = min(len(data), 5 + int.from_bytes(data[3:5], "big"))
+        i = 9 + 2 + 32  # record and handshake headers, legacy_version, random
+        i += 1 + data[i]  # legacy_session_id
+        i += 2 + int.from_bytes(data[i:i + 2], "big")  # cipher_suites
+        i += 1 + data[i]  # legacy_compression_methods
+        stop = min(end, i + 2 + int.from_bytes(data[i:i + 2], "big"))
+        i += 2
+        name, alpn = None, []
+        while i + 4 <= stop:
+            kind, size = int.from_bytes(data[i:i + 2], "big"), int.from_bytes(data[i + 2:i + 4], "big")
+            ext = data[i + 4:i + 4 + size]
+            if kind == 0 and len(ext) > 5 and ext[2] == 0:  # server_name: host_name
+                name = ext[5:5 + int.from_bytes(ext[3:5], "big")].decode("ascii").lower()
+            elif kind == 16:  # application_layer_protocol_negotiation
+                j = 2
+                while j < len(ext):
+                    alpn.append(ext[j + 1:j + 1 + ext[j]])
+                    j += 1 + ext[j]
+            i += 4 + size
+        return name, alpn
+    except (IndexError, UnicodeDecodeError):  # truncated or not ASCII: OpenSSL will judge it
+        return None
+
+
 class Tls:
     """The TLS port: every connection is a ``TlsConnection`` over one shared context
-    (one set of session-ticket keys, so any worker resumes any session)."""
+    (one set of session-ticket keys, so any worker resumes any session).
+
+    ``challenges``: server name → the context that presents that name's ACME TLS-ALPN-01
+    certificate (RFC 8737), chosen by ``choose`` from the raw ClientHello, before OpenSSL
+    sees it, only for a hello that offers exactly ``acme-tls/1``: the SNI callback runs
+    before ALPN is known, so the stdlib cannot decide it later. More certificates by
+    server name (several sites) fit the same place: ``choose`` maps a hello to a context.
+    """
 
     name = "https"
 
-    def __init__(self, ctx: ssl.SSLContext) -> None:
+    def __init__(self, ctx: ssl.SSLContext,
+                 challenges: dict[str, ssl.SSLContext] | None = None) -> None:
         self.ctx = ctx
+        self.challenges = challenges or {}
+        self.chooser = self.choose if self.challenges else None  # no parse when nothing to choose
+
+    def choose(self, hello: bytes) -> ssl.SSLContext | None:
+        parsed = client_hello(hello)
+        if parsed is not None and parsed[1] == [ACME_ALPN.encode()]:
+            return self.challenges.get(parsed[0])
+        return None
 
     def connect(self, app, now: float, peer: str, refuse: bool) -> "TlsConnection":
-        return TlsConnection(app, self.ctx, now, peer, refuse)
+        conn = TlsConnection(app, self.ctx, now, peer, refuse)
+        conn.choose = self.chooser
+        return conn
 
 
 class TlsConnection:
@@ -160,7 +212,7 @@ class TlsConnection:
 
     __slots__ = ("app", "tls", "rbio", "wbio", "inner", "cipher", "cipher_bytes", "began",
                  "since", "state", "refuse", "should_close", "shut_write", "notified", "region_pos",
-                 "fresh", "stopping", "ended")
+                 "fresh", "stopping", "ended", "choose", "hello")
     HANDSHAKE, OPEN, PLAIN = 0, 1, 2
 
     def __init__(self, app, ctx: ssl.SSLContext, now: float, peer: str, refuse: bool) -> None:
@@ -177,6 +229,8 @@ class TlsConnection:
         self.fresh = True  # no plaintext yet: the client's first request may be on its way
         self.stopping = False  # a graceful stop waits for that first request (see ``shutdown``)
         self.ended = False
+        self.choose = None  # ``Tls.choose`` when the context depends on the ClientHello
+        self.hello = b""  # the ClientHello's first bytes while they arrive (``choose``)
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -199,6 +253,10 @@ class TlsConnection:
         if data:
             if self.state == self.HANDSHAKE and not self.rbio.pending and self._plain(data, now):
                 return
+            if self.choose is not None:
+                data = self._chosen(data)
+                if not data:  # the rest of the ClientHello is on its way
+                    return
             self.rbio.write(data)
         else:
             self.rbio.write_eof()
@@ -259,6 +317,18 @@ class TlsConnection:
         self.cipher_bytes = sum(len(b) for b in self.cipher)
         self.state = self.PLAIN
         return True
+
+    def _chosen(self, data: bytes) -> bytes:
+        """Hold the first bytes until the ClientHello record is whole (at most one record),
+        then swap in the context ``choose`` gives, if any, and hand them all on."""
+        hello = self.hello = self.hello + data
+        if len(hello) < 5 or len(hello) < min(5 + int.from_bytes(hello[3:5], "big"), 16389):
+            return b""
+        ctx = self.choose(hello)
+        if ctx is not None:
+            self.tls.context = ctx  # SSL_set_SSL_CTX before the handshake: its certificate, ALPN
+        self.choose, self.hello = None, b""
+        return hello
 
     def _flush_tls(self) -> None:
         data = self.wbio.read()

@@ -119,6 +119,22 @@ def parser():
                    help="PEM private key of --tls-cert [$TLS_KEY].")
     p.add_argument("--tls-min", choices=("1.2", "1.3"), default=env("TLS_MIN", "1.2"),
                    help="Oldest TLS version accepted [$TLS_MIN, default 1.2].")
+    p.add_argument("--http-port", type=int, default=int(env("HTTP_PORT", "0")) or None,
+                   help="With TLS: also serve plain HTTP here, every request redirected (308) "
+                        "to https, and ACME HTTP-01 answered [$HTTP_PORT].")
+    p.add_argument("--hsts", type=int, default=int(env("HSTS", "0")) or None, metavar="SECONDS",
+                   help="With TLS: Strict-Transport-Security max-age [$HSTS].")
+    p.add_argument("--domain", dest="domains", action="append", metavar="NAME",
+                   help="Certificates from ACME for NAME (repeatable; one certificate names "
+                        "every domain) [$DOMAINS, comma- or space-separated].")
+    p.add_argument("--acme-email", default=env("ACME_EMAIL"), metavar="ME",
+                   help="Contact address of the ACME account [$ACME_EMAIL].")
+    p.add_argument("--acme-directory", default=env("ACME_DIRECTORY"), metavar="URL",
+                   help="ACME directory [$ACME_DIRECTORY, default Let's Encrypt's].")
+    p.add_argument("--acme-ca", default=env("ACME_CA"), metavar="FILE",
+                   help="CA bundle for the ACME directory's HTTPS [$ACME_CA].")
+    p.add_argument("--state", default=env("STATE"), metavar="DIR",
+                   help="ACME state (account, certificate): a volume [$STATE].")
     for limit in LIMITS:
         p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
                        default=limit.default, help=f"{limit.help} [default {limit.default}]")
@@ -147,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
                    limits=limits, admin_port=args.admin_port, admin_host=args.admin_host,
                    tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min,
-                   sites=sites(args.sites, site))
+                   sites=sites(args.sites, site),
+                   http_port=args.http_port, hsts=args.hsts,
+                   domains=args.domains or os.environ.get("DOMAINS", "").replace(",", " ").split(),
+                   acme_email=args.acme_email, acme_directory=args.acme_directory,
+                   acme_ca=args.acme_ca, state=args.state)
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
