@@ -118,6 +118,8 @@ class OptionalBuildExt(build_ext):
             return super().copy_file(src, dst, *args, **kwargs)
         shutil.copyfile(src, f"{dst}.new")
         os.replace(f"{dst}.new", dst)
+        if os.path.basename(dst).startswith("connection."):  # the core: its stamp goes along
+            _stamp_core_sources(os.path.dirname(dst))
         return dst, 1
 
     def build_extension(self, ext) -> None:
