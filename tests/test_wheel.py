@@ -6,8 +6,9 @@ checkout's HEAD (so only committed files count), its sdist (setuptools' PEP 517 
 and a wheel built from that sdist with ``pip wheel --no-build-isolation --no-deps`` — the
 ``python -m build`` sequence, so a file the sdist forgot breaks the wheel too. 3.11
 builds with the suite's own venv (Cython, liburing); 3.12 and 3.13 in a venv of
-pyenv's interpreter with setuptools and Cython (liburing 2024.5.3 has no wheel there:
-that body is not compiled, and the build says so). The three builds run at once.
+pyenv's interpreter with setuptools, Cython and Orisha's dependencies, which then
+runs the wheel too (liburing 2024.5.3 has no wheel there: that body is not compiled,
+and the build says so). The three builds run at once.
 
 Every command then runs the installed ``orisha`` with the working directory outside the
 checkout and no ``ORISHA_UNIKERNEL``: the compiled core loads with no warning, the demo
@@ -40,6 +41,7 @@ PYENV = os.path.expanduser(os.environ.get("PYENV_ROOT", "~/.pyenv"))
 OTHER_PYTHONS = {"3.12": os.path.join(PYENV, "versions", "3.12.1", "bin", "python"),
                  "3.13": os.path.join(PYENV, "versions", "3.13.0", "bin", "python")}
 BUILD_DEPS = ["setuptools>=68", "Cython>=3.0"]
+RUN_DEPS = ["click>=8.1", "brotli>=1.1", "zstandard>=0.22", "hpack>=4.0"]  # pyproject's
 PIP = ["-m", "pip", "--disable-pip-version-check"]
 TIMEOUT = 900
 
@@ -93,8 +95,9 @@ def wheels(work, sdist) -> dict[str, tuple[str, str]]:
 
     def build(version: str, python: str | None) -> None:
         try:
+            # 3.12/3.13: one venv builds the wheel and then runs it (with its dependencies)
             py = sys.executable if python is None else venv(
-                python, str(work / f"build-{version}"), *BUILD_DEPS)
+                python, str(work / f"venv-{version}"), *BUILD_DEPS, *RUN_DEPS)
             dest = str(work / f"wheels-{version}")
             # -v: setup.py's summary line ("orisha: compiled build: ...") is in pip's output
             r = run([py, *PIP, "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", dest, sdist],
@@ -264,8 +267,8 @@ def test_the_wheel_on_newer_pythons(work, wheels, version, tmp_path):
     wheel, log = wheels[version]
     assert f"cp{version.replace('.', '')}" in os.path.basename(wheel)
     assert "not compiled: orisha.loops.compiled_io_uring (liburing not installed)" in log
-    py = venv(OTHER_PYTHONS[version], str(tmp_path / "v"))
-    run([py, *PIP, "install", "-q", wheel], cwd=str(tmp_path))
+    py = str(work / f"venv-{version}" / "bin" / "python")  # made by the wheels fixture
+    run([py, *PIP, "install", "-q", "--no-deps", wheel], cwd=str(tmp_path))
     exe = os.path.join(os.path.dirname(py), "orisha")
     assert "epoll compiled, io-uring pure, core compiled" in orisha_version(exe, str(tmp_path))
     out = str(tmp_path / "out")
