@@ -20,6 +20,7 @@ wheel; the sdist in a venv without Cython installs pure, with its one line sayin
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -189,11 +190,12 @@ def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path)
     exe = os.path.join(installed, "orisha")
     out = str(tmp_path / "out")
     run([exe, "build", DEMO, "-o", out, "--loop", "unikernel"], cwd=str(tmp_path))
-    site_packages = os.path.dirname(os.path.dirname(installed))
+    (src,) = glob.glob(os.path.join(os.path.dirname(installed), "lib", "python3*", "site-packages",
+                                    "orisha", "targets", "unikernel", "tree"))
     # Nothing written beside the installed sources: objects and lwIP are in the cache.
-    tree = [os.path.join(d, n) for d, _, ns in os.walk(site_packages) for n in ns
-            if "/orisha/targets/unikernel/tree" in d]
-    assert tree and not [f for f in tree if f.endswith(".o") or "/lwip-" in f or "/build/" in f]
+    tree = [os.path.join(d, n) for d, _, ns in os.walk(src) for n in ns]
+    assert os.path.join(src, "build.sh") in tree
+    assert not [f for f in tree if f.endswith(".o") or "/lwip-" in f or "/build/" in f]
     p = subprocess.Popen([exe, "boot", out, "--port", "0"], cwd=str(tmp_path), env=user_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log: list[str] = []
@@ -207,6 +209,9 @@ def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path)
         if p.poll() is None:
             p.terminate()
         p.wait(20)
+        # This venv's kernel objects (per source tree) are of no use to a later run.
+        from orisha.targets.unikernel.image import build_dirs
+        shutil.rmtree(build_dirs(src)[0], ignore_errors=True)
 
 
 def test_installed_wheel_builds_the_container_and_docker_builds_out(installed, tmp_path):
