@@ -59,6 +59,8 @@ def _liburing_dirs() -> list[str] | None:
 
 def extensions() -> list:
     if os.environ.get("ORISHA_PURE") or not sys.platform.startswith("linux"):
+        why = "ORISHA_PURE is set" if os.environ.get("ORISHA_PURE") else "the bodies are Linux's"
+        print(f"orisha: pure-Python build ({why})", file=sys.stderr)
         return []
     try:
         from Cython.Build import cythonize
