@@ -1,7 +1,7 @@
 # The Orisha container image: FROM scratch, exactly one static executable.
 #
-#   orisha build SITE --target container -o OUT     # OUT/orisha, OUT/rootfs/tmp/ (empty, 1777)
-#   docker build -f Dockerfile -t my-site OUT       # the build context is OUT, not the repo
+#   orisha build SITE --target container -o OUT     # OUT/orisha, OUT/rootfs/tmp/ (empty, 1777), OUT/Dockerfile
+#   docker build -t my-site OUT                     # OUT/Dockerfile is a copy of this file
 #   docker run --rm -p 127.0.0.1:8080:8080 my-site  # PORT, HOST, WORKERS or --port ... to configure
 #
 # No base image is pulled. The executable carries Python, Orisha, the build's loop and the

@@ -14,7 +14,16 @@ When Cython and a C compiler are there, ``pip install`` also builds:
 Without Cython, without a compiler (``CC=false``), or when one extension fails
 to compile, the build still succeeds with the pure modules only:
 ``orisha.loops.load`` imports a compiled loop only where its module exists, and
-``ORISHA_PURE=1`` makes it ignore them (tests/test_compiled.py checks both).
+``ORISHA_PURE=1`` makes it ignore them (tests/test_compiled.py checks both). One
+line on stderr says which build it was (``orisha: compiled build: ...`` or
+``orisha: pure-Python build (...)``).
+
+A wheel (not an editable install) also carries what the other targets read from
+the repository: ``unikernel/`` (C sources, port headers, mbedTLS configuration,
+Makefile and fetch scripts) copied to ``orisha/targets/unikernel/tree/``, and the
+container's ``Dockerfile`` to ``orisha/targets/container/Dockerfile`` — the
+repository's copies stay the one source, the wheel gets them at build time
+(``BuildPy``). The compiled core's stamp goes beside the built module.
 """
 
 from __future__ import annotations
@@ -26,8 +35,16 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 EXTRA = ["-O2"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+# What the wheel copies from the repository: (source, destination inside the package).
+PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")),
+            ("Dockerfile", os.path.join("orisha", "targets", "container", "Dockerfile")))
+# unikernel/ entries the image build does not read (build output, fetched sources, tools).
+UNPACKAGED = ("build", ".cache", "tools", "__pycache__", "*.o")
+_SKIPPED: list[str] = []  # why a module was not compiled, for the one summary line
 
 
 def _liburing_dirs() -> list[str] | None:
@@ -42,11 +59,13 @@ def _liburing_dirs() -> list[str] | None:
 
 def extensions() -> list:
     if os.environ.get("ORISHA_PURE") or not sys.platform.startswith("linux"):
+        why = "ORISHA_PURE is set" if os.environ.get("ORISHA_PURE") else "the bodies are Linux's"
+        print(f"orisha: pure-Python build ({why})", file=sys.stderr)
         return []
     try:
         from Cython.Build import cythonize
     except ImportError:
-        print("orisha: Cython not installed: pure-Python build", file=sys.stderr)
+        print("orisha: pure-Python build (Cython not installed)", file=sys.stderr)
         return []
     exts = [Extension("orisha.loops.compiled_epoll", ["orisha/loops/compiled_epoll.pyx"],
                       extra_compile_args=EXTRA),
@@ -56,22 +75,25 @@ def extensions() -> list:
     if uring:
         exts.append(Extension("orisha.loops.compiled_io_uring", ["orisha/loops/compiled_io_uring.pyx"],
                               include_dirs=uring, extra_compile_args=EXTRA))
-    _stamp_core_sources()
+    else:  # liburing==2024.5.3 has wheels up to Python 3.11 only (pyproject.toml)
+        _SKIPPED.append("orisha.loops.compiled_io_uring (liburing not installed)")
     # annotation_typing off: the .py's annotations document, the .pxd types.
     return cythonize(exts, language_level=3, quiet=True,
                      compiler_directives={"boundscheck": False, "wraparound": False,
                                           "annotation_typing": False})
 
 
-def _stamp_core_sources() -> None:
-    """Record which sources the compiled core is built from (orisha/core/__init__.py
-    compares them at import, so an edit without a rebuild runs the .py, not stale C)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+def _stamp_core_sources(directory: str) -> None:
+    """Record beside the built core which sources it was built from (orisha/compiled.py
+    compares them at import in a checkout, so an edit without a rebuild runs the .py, not
+    stale C; the wheel carries the stamp with the module)."""
+    sys.path.insert(0, HERE)
     try:
         from orisha import compiled
     finally:
         sys.path.pop(0)
-    with open(compiled.STAMP, "w") as f:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, os.path.basename(compiled.STAMP)), "w") as f:
         f.write(compiled.sources_digest() + "\n")
 
 
@@ -79,10 +101,17 @@ class OptionalBuildExt(build_ext):
     """Build what compiles; a missing or broken compiler leaves the pure modules."""
 
     def run(self) -> None:
+        self.built: list[str] = []
         try:
             super().run()
         except Exception as e:  # no compiler at all (CC=false, none installed): pure build
-            print(f"orisha: compiled extensions skipped ({e}); pure-Python build", file=sys.stderr)
+            print(f"orisha: pure-Python build (compiled extensions skipped: {e})", file=sys.stderr)
+            return
+        if not self.built:
+            print("orisha: pure-Python build (no extension compiled)", file=sys.stderr)
+            return
+        skipped = f"; not compiled: {', '.join(_SKIPPED)}" if _SKIPPED else ""
+        print(f"orisha: compiled build: {', '.join(self.built)}{skipped}", file=sys.stderr)
 
     def copy_file(self, src, dst, *args, **kwargs):
         """In-place builds (editable installs) replace a compiled module by rename: a server
@@ -91,6 +120,8 @@ class OptionalBuildExt(build_ext):
             return super().copy_file(src, dst, *args, **kwargs)
         shutil.copyfile(src, f"{dst}.new")
         os.replace(f"{dst}.new", dst)
+        if os.path.basename(dst).startswith("connection."):  # the core: its stamp goes along
+            _stamp_core_sources(os.path.dirname(dst))
         return dst, 1
 
     def build_extension(self, ext) -> None:
@@ -99,6 +130,31 @@ class OptionalBuildExt(build_ext):
         except Exception as e:  # one extension failing must not fail the install
             print(f"orisha: {ext.name} not compiled ({e}); its pure module is used",
                   file=sys.stderr)
+            _SKIPPED.append(f"{ext.name} (compiler failed)")
+            return
+        self.built.append(ext.name)
+        if ext.name == "orisha.core.connection":  # in place (editable) or in build_lib (wheel)
+            _stamp_core_sources(os.path.dirname(self.get_ext_fullpath(ext.name)))
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+class BuildPy(build_py):
+    """The wheel's copies of the repository's unikernel/ and Dockerfile (see the Strategy).
+    An editable install reads the repository's own, so it copies nothing; a source tree
+    without them (tests/test_compiled.py installs a trimmed copy) builds a wheel without
+    those targets' files."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        for src, dest in PACKAGED:
+            src, dest = os.path.join(HERE, src), os.path.join(self.build_lib, dest)
+            if os.path.isdir(src):
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*UNPACKAGED))
+            elif os.path.isfile(src):
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.copy2(src, dest)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPy})

@@ -7,7 +7,11 @@ then shadows the .py in the import system. ``choose()``, called when the
 ``orisha.core.connection`` the .py instead when ``ORISHA_PURE`` asks for the
 pure modules, or when the sources beside the extension are not the ones it was
 built from (an edit without a rebuild would otherwise run stale C) — then with a
-one-line warning. The loop bodies' choice is ``orisha.loops.module``.
+one-line warning. That comparison is for a checkout (an editable install, or the
+tree itself on ``sys.path``), where sources are edited; an installed wheel's
+module and sources come from one archive written by the installer, so there it
+is trusted as it is (``installed()``: a ``*.dist-info`` beside the package).
+The loop bodies' choice is ``orisha.loops.module``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import importlib.util
 import os
 import sys
 
-CORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core")
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+CORE = os.path.join(PACKAGE, "core")
 CORE_MODULE = "orisha.core.connection"
 CORE_SOURCES = ("connection.py", "connection.pxd")  # what the extension is built from
 STAMP = os.path.join(CORE, "connection.sources")     # their sha256, written by setup.py
@@ -46,6 +51,16 @@ def compiled_core() -> str | None:
     return None
 
 
+def installed() -> bool:
+    """True when an installer put this package where it is (pip, pipx: its ``.dist-info``
+    lies beside it), False in a checkout (an editable install's dist-info is elsewhere)."""
+    parent = os.path.dirname(PACKAGE)
+    try:
+        return any(n.startswith("orisha-") and n.endswith(".dist-info") for n in os.listdir(parent))
+    except OSError:  # a zip or frozen import: nothing to compare against anyway
+        return True
+
+
 def _stale() -> bool:
     try:
         with open(STAMP) as f:
@@ -69,7 +84,7 @@ def choose() -> None:
     if compiled_core() is None or not os.path.exists(source):
         return  # nothing compiled, or a frozen app that bundled only the compiled module
     if not pure():
-        if not _stale():
+        if installed() or not _stale():
             return
         print("orisha: the compiled core is older than orisha/core/connection.py; using the .py "
               "(pip install -e . rebuilds it)", file=sys.stderr)

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Build a bootable Orisha unikernel image with a site blob embedded.
 #   unikernel/build.sh SITE_BLOB [OUTPUT_IMAGE]
-# Default output: unikernel/build/orisha.img (a 32-bit ELF for QEMU -kernel).
+# Default output: $BUILD/orisha.img (a 32-bit ELF for QEMU -kernel).
 # Needs gcc, binutils, make; fetches lwIP with `apt-get source` (see fetch-lwip.sh).
+# BUILD (objects; default unikernel/build) may be absolute: `orisha build` puts it in
+# the user's cache, so the sources may be read-only (an installed wheel's copy).
 # With TLS_CERT and TLS_KEY set (PEM paths) the kernel also serves TLS on 443.
 # The core's generated header must be in $BUILD/gen (BUILD defaults to build):
 # `orisha build --loop unikernel` writes it; by hand, from the repository root, first
@@ -12,18 +14,20 @@ here=$(cd "$(dirname "$0")" && pwd)
 [ $# -ge 1 ] || { echo "usage: $0 SITE_BLOB [OUTPUT_IMAGE]" >&2; exit 2; }
 site=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 [ -f "$site" ] || { echo "build.sh: no such file: $1" >&2; exit 2; }
-out=${2:-$here/build/orisha.img}
+build=${BUILD:-build}
+case "$build" in /*) ;; *) build=$here/$build ;; esac
+out=${2:-$build/orisha.img}
 case "$out" in /*) ;; *) out=$(pwd)/$out ;; esac
-lwip=$("$here/fetch-lwip.sh")
+lwip=$(sh "$here/fetch-lwip.sh")
 # TLS_CERT and TLS_KEY (PEM files, from the environment): a kernel that also
 # serves TLS on 443, with mbedTLS fetched like lwIP (fetch-mbedtls.sh).
 if [ -n "${TLS_CERT:-}" ]; then
     [ -n "${TLS_KEY:-}" ] || { echo "build.sh: TLS_CERT without TLS_KEY" >&2; exit 2; }
-    mbedtls=$("$here/fetch-mbedtls.sh")
+    mbedtls=$(sh "$here/fetch-mbedtls.sh")
     make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
-        MBEDTLS_DIR="$mbedtls" TLS_CERT="$TLS_CERT" TLS_KEY="$TLS_KEY" >&2
+        BUILD="$build" MBEDTLS_DIR="$mbedtls" TLS_CERT="$TLS_CERT" TLS_KEY="$TLS_KEY" >&2
 else
     make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
-        TLS_CERT= TLS_KEY= >&2
+        BUILD="$build" TLS_CERT= TLS_KEY= >&2
 fi
 echo "$out"

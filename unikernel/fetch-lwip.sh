@@ -1,10 +1,11 @@
 #!/bin/sh
-# Fetch lwIP sources with Debian's package manager into unikernel/.cache/.
+# Fetch lwIP sources with Debian's package manager into the user's cache:
+# $ORISHA_FETCHED (`orisha build` sets it), else $ORISHA_CACHE/unikernel/sources, else
+# ${XDG_CACHE_HOME:-~/.cache}/orisha/unikernel/sources (orisha/manifest.py's cache_root).
 # Adds a deb-src entry for the running suite if none exists (needs root).
 # Prints the path of the unpacked source tree on stdout.
 set -eu
-here=$(cd "$(dirname "$0")" && pwd)
-cache="$here/.cache"
+cache=${ORISHA_FETCHED:-${ORISHA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/orisha}/unikernel/sources}
 mkdir -p "$cache"
 
 existing=$(ls -d "$cache"/lwip-*/src/core 2>/dev/null | head -n1 || true)

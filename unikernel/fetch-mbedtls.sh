@@ -1,13 +1,14 @@
 #!/bin/sh
-# Fetch mbedTLS 3.x sources with Debian's package manager into unikernel/.cache/.
+# Fetch mbedTLS 3.x sources with Debian's package manager into the user's cache:
+# $ORISHA_FETCHED (`orisha build` sets it), else $ORISHA_CACHE/unikernel/sources, else
+# ${XDG_CACHE_HOME:-~/.cache}/orisha/unikernel/sources (orisha/manifest.py's cache_root).
 # The running suite (bookworm) has only 2.28, which lacks TLS 1.3 server support;
 # trixie carries 3.6. The system's apt sources are left alone: a private apt
 # configuration (its own source list, lists directory and cache under .cache/apt)
 # knows only trixie's deb-src, verified with Debian's archive keyring.
 # Prints the path of the unpacked source tree on stdout.
 set -eu
-here=$(cd "$(dirname "$0")" && pwd)
-cache="$here/.cache"
+cache=${ORISHA_FETCHED:-${ORISHA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/orisha}/unikernel/sources}
 suite=${MBEDTLS_SUITE:-trixie}
 mkdir -p "$cache"
 

