@@ -103,7 +103,7 @@ class Blocks:
         if site is self.site:
             return
         self.site, self.built = site, {}
-        for v in _variants(site):
+        for v in variants(site):
             if v.h2:
                 self.built[v.head] = v.h2
                 self.built[v.head_304] = v.h2_304
@@ -119,7 +119,7 @@ class Blocks:
         return b
 
 
-def _variants(site):
+def variants(site):
     """Every variant of every document a site can answer with (routes, rules, error pages)."""
     entries = [site.not_found, site.fallback]
     rules = list(site.rules)
