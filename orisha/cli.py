@@ -138,10 +138,12 @@ def _limit_options(f):
 @click.option("--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")
 @click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
               help="Oldest TLS version accepted.")
+@click.option("--no-http3", is_flag=True, help="With TLS: no HTTP/3 on the same port over UDP.")
 @_limit_options
 def serve(path, host, port, workers, loop, fallback, not_found, access_log, admin_port,
           admin_host, tls_cert, tls_key, tls_min, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
+    http3 = not limits.pop("no_http3")
     if not manifest.is_build(path):
         path = build_into_cache(path, fallback=fallback, not_found=not_found)
     if loop is None and manifest.read(path).get("loop") == "unikernel":
@@ -150,7 +152,7 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
-                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min))
+                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min, http3=http3))
 
 
 @main.command()

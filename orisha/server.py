@@ -70,6 +70,31 @@ def listeners(host: str, port: int, count: int, share: bool = True) -> list[sock
     return socks
 
 
+def datagram_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` UDP sockets on the TCP port's number (HTTP/3), SO_REUSEPORT: the kernel
+    hashes each datagram's 4-tuple onto one of them, so one worker sees all of a
+    connection's datagrams while the set of sockets stays the same."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(family, socket.SOCK_DGRAM)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(addr)
+            s.setblocking(False)
+    except OSError as e:
+        for s in socks:
+            s.close()
+        what = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise ServeError(f"{host}:{port}/udp: {what} (--no-http3 serves without it)") from None
+    return socks
+
+
 def _access_log(path: str):
     """A writer for access-log batches: appended to PATH, or to stdout for '-'."""
     try:
@@ -88,7 +113,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         loop: str | None = None, limits: Limits | None = None, announce=print,
         access_log: str | None = None, admin_port: int | None = None,
         admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
-        tls_min: str = "1.2") -> int:
+        tls_min: str = "1.2", http3: bool = True) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
     SIGHUP reloads a build folder with zero downtime: a new generation of
@@ -96,40 +121,53 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
     ``tls_cert``/``tls_key``: the port speaks TLS (HTTP/2 by ALPN, orisha/protocols/tls.py);
     a reload reads them anew. Without them: cleartext HTTP/1.1 and h2c.
+    ``http3`` (with TLS): HTTP/3 over QUIC on the same port number over UDP
+    (orisha/protocols/h3.py), advertised by Alt-Svc on the TCP port's responses.
     """
     protocols = _protocols(tls_cert, tls_key, tls_min)
     protocols()  # a bad certificate or key fails here, before any port is taken
     reloadable = isinstance(build_dir, (str, os.PathLike))
     site = load_site(build_dir) if reloadable else build_dir
-    name, loop_cls = _loop(loop or site.loop)
+    name, loop_cls = _loop(loop or site.loop, bool(tls_cert and http3))
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
     if admin_port and admin_port == port:
         raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
+    limits = limits or Limits()
+    socks, udp, quic, alt_svc = [], [], None, b""
     try:
         socks = listeners(host, port, workers)
+        if tls_cert and http3:
+            bound = socks[0].getsockname()[1]
+            quic = _quic(tls_cert, tls_key, limits)
+            udp = datagram_sockets(host, bound, workers)
+            alt_svc = _advertise(bound)
     except ServeError:
-        if admin:
-            admin.close()
+        for s in socks + ([admin] if admin else []):
+            s.close()
         raise
-    sup = Supervisor(site, socks, loop_cls, limits or Limits(), log=log, admin=admin,
+    sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
                      load=(lambda: load_site(build_dir)) if reloadable else None,
-                     name=str(build_dir) if reloadable else "", protocols=protocols)
+                     name=str(build_dir) if reloadable else "", protocols=protocols,
+                     udp=udp, quic=quic, alt_svc=alt_svc)
     sup.start()
     announce(_serving_line(socks[0].getsockname(), admin, name, workers, site,
                            "https" if tls_cert else "http"))
+    if udp:
+        print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}", file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
 
 
-def _loop(wanted: str):
-    """(name, loop body class) for the loop asked for or recorded in the build."""
+def _loop(wanted: str, datagrams: bool = False):
+    """(name, loop body class) for the loop asked for or recorded in the build; ``datagrams``:
+    a body with the datagram side (HTTP/3)."""
     name, note = loops.resolve(wanted)
     if note:
         print(f"orisha: {note}", file=sys.stderr)
     try:
-        return name, loops.load(name)
+        return name, loops.load(name, datagrams)
     except LoopUnavailable as e:
         raise ServeError(str(e)) from None
 
@@ -144,6 +182,27 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
     from .protocols import tls  # ssl is imported only by a server that speaks TLS
     print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs", file=sys.stderr)
     return lambda: tls.Tls(tls.context(cert, key, minimum))
+
+
+def _quic(cert: str, key: str, limits: Limits):
+    """What makes each worker generation's QUIC configuration (HTTP/3), and checks it once."""
+    try:
+        from .protocols import h3  # aioquic is imported only by a server that speaks HTTP/3
+    except ImportError as e:
+        raise ServeError(f"HTTP/3 needs aioquic (pip install 'orisha[h3]'), or --no-http3: {e}") \
+            from None
+    make = lambda: h3.configuration(cert, key, limits.idle_timeout)  # noqa: E731
+    make()
+    return make
+
+
+def _advertise(port: int) -> bytes:
+    """Alt-Svc (RFC 7838) for the TLS port's responses, known only now (the port): the
+    HTTP/1.1 line the core splices beside Date, and the HTTP/2 field after h2's date."""
+    from .protocols import hpack_blocks
+    value = b'h3=":%d"; ma=86400' % port
+    hpack_blocks.advertise(b"alt-svc", value)  # before the fork: every worker's h2 has it
+    return b"Alt-Svc: " + value + b"\r\n"
 
 
 def _url(addr, scheme: str = "http") -> str:

@@ -134,7 +134,9 @@ class Supervisor:
     def __init__(self, site, socks: list[socket.socket], loop_cls, limits: Limits, *,
                  load: Callable[[], object] | None = None, log=None,
                  admin: socket.socket | None = None, name: str = "",
-                 protocols: Callable[[], object] | None = None) -> None:
+                 protocols: Callable[[], object] | None = None,
+                 udp: list[socket.socket] | None = None, quic: Callable[[], object] | None = None,
+                 alt_svc: bytes = b"") -> None:
         self.site, self.socks, self.loop_cls, self.limits = site, socks, loop_cls, limits
         self.load, self.log, self.admin, self.name = load, log, admin, name
         # ``protocols`` makes a generation's TLS/HTTP/2 front (orisha/protocols/), here in the
@@ -142,6 +144,10 @@ class Supervisor:
         # and a reload reads the certificate anew.
         self.make_protocols = protocols
         self.protocols = protocols() if protocols else None
+        # HTTP/3: one UDP socket per worker (worker i reads udp[i]) and what makes a
+        # generation's QUIC configuration (like the TLS context: a reload reads the files).
+        self.udp, self.make_quic, self.alt_svc = udp or [], quic, alt_svc
+        self.quic = quic() if quic else None
         self.workers = len(socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1))
         self.live: dict[int, Worker] = {}
@@ -237,14 +243,15 @@ class Supervisor:
             signal.set_wakeup_fd(-1)
             for fd in (self.wake_r, self.wake_w):
                 os.close(fd)
-            for s in [self.admin] + self.socks:  # a dead supervisor's port must not stay held
-                if s is not None and s is not self.socks[index]:
+            mine = (self.socks[index], self.udp[index] if self.udp else None)
+            for s in [self.admin] + self.socks + self.udp:  # a dead supervisor's port must not
+                if s is not None and s not in mine:        # stay held
                     s.close()
             _die_with(self.pid)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGTERM lands here
             app = App(self.site, self.limits, publish=self.stats.publisher(slot), log=self.log,
-                      protocols=self.protocols)
-            body = self.loop_cls(self.socks[index], app)
+                      protocols=self.protocols, alt_svc=self.alt_svc)
+            body = self.loop_cls(self.socks[index], app, *self._datagrams(index, app))
             self.stats.mark_started(slot)
             body.run(lambda: bool(stop))
         except BaseException:
@@ -255,6 +262,14 @@ class Supervisor:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+    def _datagrams(self, index: int, app: App) -> tuple:
+        """The datagram side of worker ``index``'s loop body (HTTP/3), or nothing."""
+        if not self.udp:
+            return ()
+        from .loops.base import Datagrams
+        from .protocols.h3 import Endpoint
+        return (Datagrams(self.udp[index], Endpoint(app, self.quic)),)
 
     def _tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]
@@ -317,11 +332,12 @@ class Supervisor:
         try:
             site = self.load() if self.load else self.site
             protocols = self.make_protocols() if self.make_protocols else None
-        except ServeError as e:
+            quic = self.make_quic() if self.make_quic else None
+        except (ServeError, OSError, ValueError) as e:  # a bad new certificate for QUIC too
             gc.freeze()
             print(f"orisha: reload failed, still serving the previous build: {e}", file=sys.stderr)
             return
-        self.site, self.protocols = site, protocols
+        self.site, self.protocols, self.quic = site, protocols, quic
         old = [pid for pid, w in self.live.items() if w.gen == self.gen]
         self.gen += 1
         self.reloads += 1
@@ -343,7 +359,7 @@ class Supervisor:
             self.due.clear()
             for pid in list(self.live):
                 self._tell_to_stop(pid)
-            for s in self.socks:
+            for s in self.socks + self.udp:
                 s.close()
 
     # -- admin port ----------------------------------------------------------------

@@ -95,8 +95,11 @@ class App:
     """
 
     def __init__(self, site: Site, limits: Limits | None = None, publish=None, log=None,
-                 protocols=None) -> None:
+                 protocols=None, alt_svc: bytes = b"") -> None:
         self.site = site
+        # ``alt_svc``: an "Alt-Svc: …" line for every response (HTTP/3 advertised on the TLS
+        # port), spliced beside Date: the port is known at serve time, not at build time.
+        self.alt_svc = alt_svc
         # ``protocols``: what a connection speaks besides plain HTTP/1.1 — TLS, HTTP/2
         # (orisha/protocols/, chosen once at start-up); it makes each new connection.
         self.protocols = protocols
@@ -121,7 +124,7 @@ class App:
         """
         second = int(now)
         if second != self._second:
-            date = b"Date: " + format_http_date(second) + b"\r\n"
+            date = b"Date: " + format_http_date(second) + b"\r\n" + self.alt_svc
             self._tails = (date + b"\r\n", date + b"Connection: close\r\n\r\n",
                            date + b"Connection: keep-alive\r\n\r\n")
             self._second = second
