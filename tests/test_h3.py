@@ -35,11 +35,18 @@ _servers: dict = {}
 
 
 class _Recorder(H3Connection):
-    """aioquic's H3Connection, keeping every raw field section it decodes."""
+    """aioquic's H3Connection, keeping every raw field section it decodes. Its client checks
+    a response's Content-Length against its DATA even for HEAD, whose Content-Length is the
+    GET's (RFC 9110 §9.3.2): streams in ``heads`` are not checked."""
 
     def __init__(self, quic) -> None:
         super().__init__(quic)
         self.sections: dict[int, list[bytes]] = {}
+        self.heads: set[int] = set()
+
+    def _check_content_length(self, stream) -> None:
+        if stream.stream_id not in self.heads:
+            super()._check_content_length(stream)
 
     def _decode_headers(self, stream_id, frame_data):
         if frame_data is not None:
@@ -74,6 +81,8 @@ class _Client(QuicConnectionProtocol):
         sid = self._quic.get_next_available_stream_id()
         self.got[sid] = [[], bytearray()]
         self.waiting[sid] = asyncio.get_running_loop().create_future()
+        if method == "HEAD":
+            self.h3.heads.add(sid)
         self.h3.send_headers(sid, [(b":method", method.encode()), (b":scheme", b"https"),
                                    (b":authority", b"localhost"), (b":path", path.encode()),
                                    *[(k.lower().encode(), v.encode()) for k, v in headers]],
@@ -120,7 +129,231 @@ def _stop_h3_servers():
     _servers.clear()
 
 
-def test_smoke(builds, hosted, pki):
+# The representative set of test_h2.py's comparison, over h3 (every answer equal to HTTP/1.1's)
+CASES = [
+    ("GET", "/", {}), ("GET", "/", {"accept-encoding": "gzip, br"}),
+    ("GET", "/", {"accept-encoding": "zstd"}), ("HEAD", "/css/site.css", {"accept-encoding": "br"}),
+    ("GET", "/docs", {}), ("GET", "/docs?a=1&b", {}), ("GET", "/nope", {}),
+    ("GET", "/", {"accept-encoding": "identity;q=0"}),
+    ("GET", "/files/big.txt", {"range": "bytes=10-99"}),
+    ("GET", "/files/big.txt", {"range": "bytes=999999999-"}),
+    ("GET", "/files/big.txt", {"range": "bytes=0-9,5000-5009"}),
+    ("GET", "/files/big.txt", {}), ("POST", "/", {}), ("GET", "/%zz", {}),
+    ("GET", "/files/empty.txt", {}), ("GET", "/img/pixel.png", {}),
+    ("HEAD", "/files/big.txt", {"range": "bytes=0-0"}),
+]
+
+
+def http11(port: int, pki, method: str, path: str, headers: dict):
+    """One HTTP/1.1 request over TLS on the same server: (status, headers, body)."""
+    c = Conn.__new__(Conn)
+    c.sock, c.buf = tls_connect(port, client_context(pki, ("http/1.1",))), b""
+    try:
+        r = c.request(path, method=method, headers={"Host": "localhost", **headers})
+        return r.status, dict(r.headers), r.body
+    finally:
+        c.close()
+
+
+def test_h3_answers_equal_http11_on_every_loop(builds, hosted, pki):
     s = h3_server(builds, hosted, pki)
-    (status, fields, body, _), = h3_get(s.port, pki.ca, [("/", "GET", ())])
-    assert status == 200 and body.startswith(b"<!doctype") or body, (status, fields)
+    etag = http11(s.port, pki, "GET", "/", {})[1]["etag"]
+    cases = CASES + [("GET", "/", {"if-none-match": etag}),
+                     ("GET", "/", {"if-modified-since": "Fri, 01 Jan 2100 00:00:00 GMT"})]
+    got = h3_get(s.port, pki.ca, [(p, m, list(h.items())) for m, p, h in cases])
+    statuses = []
+    for (method, path, headers), (status, fields, body, _) in zip(cases, got):
+        want_status, want, want_body = http11(s.port, pki, method, path, headers)
+        assert want.pop("alt-svc") == f'h3=":{s.port}"; ma=86400'
+        for h in ("date", "connection"):
+            want.pop(h, None)
+        assert "date" in fields and "connection" not in fields and "alt-svc" not in fields
+        fields.pop("date")
+        assert (status, fields, body) == (want_status, want, want_body), (method, path, headers)
+        statuses.append(status)
+    assert {200, 206, 301, 304, 404, 405, 406, 416} <= set(statuses), statuses
+
+
+def test_many_streams_on_one_connection(builds, hosted, pki):
+    from conftest import demo_file
+    s = h3_server(builds, hosted, pki)
+    paths = ["/", "/css/site.css", "/nope", "/docs/", "/img/pixel.png"] * 20
+    paths[3] = "/files/big.txt"  # 1.2 MB among them: flow control and the fed stream
+    got = h3_get(s.port, pki.ca, [(p, "GET", ()) for p in paths])
+    assert [g[0] for g in got] == [200, 200, 404, 200, 200] * 20
+    assert got[3][2] == demo_file("files/big.txt")
+    assert got[8][2] == demo_file("docs/index.html")
+
+
+def test_the_field_section_on_the_wire_is_the_builds(builds, pki):
+    """What a client decodes is the build's Variant.h3 (or h3_304) + one Date literal."""
+    from orisha.protocols.qpack_blocks import date_field
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    s = h3_server(builds, "epoll", pki)
+    css = site.routes[b"/css/site.css"]
+    br = next(v for v in css.variants if v.coding == b"br")
+    got = h3_get(s.port, pki.ca, [("/css/site.css", "GET", [("accept-encoding", "br")]),
+                                 ("/css/site.css", "GET", [("accept-encoding", "br"),
+                                                           ("if-none-match", br.etag.decode())]),
+                                 ("/", "GET", ())])
+    built = [br.h3, br.h3_304, site.routes[b"/"].identity.h3]
+    assert all(built)
+    for (_, fields, _, section), want in zip(got, built):
+        assert section == want + date_field(fields["date"].encode())
+
+
+def test_every_built_section_decodes_to_its_head(builds):
+    """site.py's sections (qpack_blocks.section of each head) decode, with pylsqpack, to the
+    head's own fields: the static table and literals are right."""
+    from pylsqpack import Decoder
+    from orisha.protocols.hpack_blocks import CONNECTION_FIELDS, variants
+    from orisha.protocols.qpack_blocks import section
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    d = Decoder(0, 0)
+    n = 0
+    for v in variants(site):
+        for head, built in ((v.head, v.h3), (v.head_304, v.h3_304)):
+            assert built == section(head)
+            lines = head.split(b"\r\n")
+            want = [(b":status", lines[0][9:12])] + [
+                (k.strip().lower(), val.strip()) for k, _, val in
+                (line.partition(b":") for line in lines[1:] if line)
+                if k.strip().lower() not in CONNECTION_FIELDS]
+            assert d.feed_header(n, built)[1] == want
+            n += 4
+    assert n > 20
+
+
+def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki):
+    """Nothing re-encodes a built section: the Endpoint, driven in memory by aioquic's own
+    client connection, sends the bytes a loaded site carries."""
+    from aioquic.quic.connection import QuicConnection
+    from orisha.core.connection import App
+    from orisha.protocols import h3
+    from orisha.protocols.qpack_blocks import field
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    v = site.routes[b"/"].identity
+    v.h3 += field(b"x-section", b"from-the-build")
+    ep = h3.Endpoint(App(site), h3.configuration(pki.chain, pki.key, 15))
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    config.load_verify_locations(pki.ca)
+    client = QuicConnection(configuration=config)
+    ch3 = _Recorder(client)
+    now = time.time()
+    client.connect(("127.0.0.1", 4433), now)
+    server_addr, client_addr = ("127.0.0.1", 4433), ("127.0.0.1", 5555)
+    sid, done = None, []
+    for _ in range(50):
+        ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(now)], now)
+        for payload, _, seg in ep.outgoing:
+            for i in range(0, len(payload), seg or len(payload)):
+                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
+        ep.sent(len(ep.outgoing), now)
+        event = client.next_event()
+        while event is not None:
+            if event.__class__.__name__ == "HandshakeCompleted" and sid is None:
+                sid = client.get_next_available_stream_id()
+                ch3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                       (b":authority", b"localhost"), (b":path", b"/")], True)
+            for e in ch3.handle_event(event):
+                if isinstance(e, HeadersReceived):
+                    done.append(dict(e.headers))
+            event = client.next_event()
+        if done:
+            break
+    assert done and done[0][b"x-section"] == b"from-the-build"
+    assert ch3.sections[sid][0].startswith(v.h3)
+
+
+def test_alt_svc_on_tls_responses_over_h1_and_h2(builds, pki):
+    from h2util import H2Client
+    s = h3_server(builds, "epoll", pki)
+    want = f'h3=":{s.port}"; ma=86400'
+    assert http11(s.port, pki, "GET", "/", {})[1]["alt-svc"] == want
+    assert http11(s.port, pki, "GET", "/nope", {})[1]["alt-svc"] == want
+    client = H2Client(tls_connect(s.port, client_context(pki, ("h2",))))
+    try:
+        got = client.fetch([("GET", "/", {}), ("GET", "/nope", {})])
+    finally:
+        client.close()
+    assert [r.headers.get("alt-svc") for r in got] == [want, want]
+
+
+def _udp_port_taken(port: int) -> bool:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.bind(("127.0.0.1", port))
+    except OSError:
+        return True
+    finally:
+        u.close()
+    return False
+
+
+def test_no_http3_closes_the_udp_port_and_drops_alt_svc(builds, pki):
+    on = h3_server(builds, "epoll", pki)
+    assert _udp_port_taken(on.port)
+    off = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+                "--tls-cert", pki.chain, "--tls-key", pki.key, "--no-http3")
+    try:
+        assert not _udp_port_taken(off.port)
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        u.connect(("127.0.0.1", off.port))
+        u.settimeout(5)
+        u.send(b"\xc0" + os.urandom(1199))  # an Initial-shaped datagram: port unreachable
+        with pytest.raises(ConnectionRefusedError):
+            u.recv(2048)
+        u.close()
+        assert "alt-svc" not in http11(off.port, pki, "GET", "/", {})[1]
+    finally:
+        off.stop()
+
+
+_datagram = st.one_of(
+    st.binary(max_size=1500),
+    st.binary(min_size=1200, max_size=1400).map(lambda b: b"\xc3\x00\x00\x00\x01\x08" + b[6:]),
+    st.binary(min_size=20, max_size=200).map(lambda b: b"\x40" + b),  # short header
+    st.binary(min_size=1200, max_size=1300).map(lambda b: b"\xc0\x1a\x2a\x3a\x4a" + b[5:]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(_datagram, min_size=1, max_size=8))
+def test_random_datagrams_never_kill_a_worker(builds, pki, batch):
+    s = _fuzz_server(builds, pki)
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for d in batch:
+            u.sendto(d, ("127.0.0.1", s.port))
+    finally:
+        u.close()
+
+
+_fuzz: list = []
+
+
+def _fuzz_server(builds, pki):
+    if not _fuzz:
+        _fuzz.append(h3_server(builds, "epoll", pki, "--admin-port", str(_free_port())))
+    return _fuzz[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as t:
+        t.bind(("127.0.0.1", 0))
+        return t.getsockname()[1]
+
+
+def test_after_random_datagrams_the_workers_still_answer_h3(builds, pki):
+    """Runs after the property test: no worker was restarted, and h3 still answers."""
+    import urllib.request
+    s = _fuzz_server(builds, pki)
+    args = s.proc.args
+    admin = int(args[args.index("--admin-port") + 1])
+    for _ in range(4):  # several connections: both workers' sockets get some
+        assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read()
+    assert b"orisha_worker_restarts_total 0" in metrics, metrics
