@@ -35,7 +35,7 @@ COMPILED = {
 
 # Compiled bodies that take the datagram side of base.py (HTTP/3); for the others ``load``
 # with ``datagrams`` returns the pure module, which does (a start-up line says so).
-COMPILED_DATAGRAMS: frozenset[str] = frozenset()
+COMPILED_DATAGRAMS = frozenset(("epoll", "io-uring"))
 
 # The third-party packages each loop imports (a packager bundles these with the module).
 LIBRARIES = {"epoll": (), "io-uring": ("liburing", "dynamic_import"), "kqueue": (),

@@ -91,22 +91,8 @@ class ReadinessLoop:
                         self._forget(lfd)
                     continue
                 c = conns.get(fd)
-                if c is None:
-                    continue
-                if readable and c[1].wants_read:
-                    try:
-                        data = c[0].recv(65536)
-                    except BlockingIOError:  # spurious readiness
-                        continue
-                    except OSError:  # ECONNRESET and friends end this connection only
-                        self._close(fd)
-                        continue
-                    c[1].receive(data, now)
-                    if c[5] and c[1].outgoing:  # its first response (see _stop)
-                        if c[5] == LATE:
-                            c[1].shutdown(now)
-                        c[5] = ANSWERED
-                self._flush(fd, c, now)
+                if c is not None:
+                    self._read(fd, c, readable, now)
             if pump:
                 self._datagrams(pump.due(now))
             if now >= next_tick:
@@ -133,6 +119,23 @@ class ReadinessLoop:
             pump.ep.close()
         self.app.tick(time.time())  # last counters and log lines
         self._done()
+
+    def _read(self, fd: int, c: list, readable: bool, now: float) -> None:
+        """A connection's turn: read if it is readable and the core wants input, then flush."""
+        if readable and c[1].wants_read:
+            try:
+                data = c[0].recv(65536)
+            except BlockingIOError:  # spurious readiness
+                return
+            except OSError:  # ECONNRESET and friends end this connection only
+                self._close(fd)
+                return
+            c[1].receive(data, now)
+            if c[5] and c[1].outgoing:  # its first response (see _stop)
+                if c[5] == LATE:
+                    c[1].shutdown(now)
+                c[5] = ANSWERED
+        self._flush(fd, c, now)
 
     def _datagrams(self, flushed: bool) -> None:
         """Watch the UDP socket for writing too while its sends wait for buffer space."""
