@@ -357,3 +357,27 @@ def test_after_random_datagrams_the_workers_still_answer_h3(builds, pki):
         assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read()
     assert b"orisha_worker_restarts_total 0" in metrics, metrics
+
+
+@pytest.mark.slow
+def test_chromium_loads_the_demo_site_with_every_response_on_h3(builds, pki, tmp_path):
+    """Headless Chromium, told the origin speaks QUIC, loads pages with their stylesheets and
+    images: nothing failed, and DevTools reports every response of the origin on h3."""
+    from browser import chromium, load_pages
+    from tlsutil import trusting_chromium
+    assert chromium() is not None, "no Chromium (apt-get install chromium; ./dev test does)"
+    s = h3_server(builds, "epoll", pki)
+    origin = f"https://127.0.0.1:{s.port}"
+    wrapper = trusting_chromium(pki.cert, tmp_path)
+    with open(wrapper) as f:
+        script = f.read()
+    with open(wrapper, "w") as f:
+        f.write(script.replace('"$@"', f'--origin-to-force-quic-on=127.0.0.1:{s.port} "$@"'))
+    pages = ["/", "/docs/", "/docs/guide/getting-started"]
+    results = load_pages([origin + p for p in pages], timeout=30, executable=wrapper)
+    seen = {}
+    for r in results:
+        assert r.ok, r.problems
+        seen.update({u: p for u, p in r.protocols.items() if u.startswith(origin)})
+    assert len(seen) > len(pages), seen  # the pages and their assets
+    assert set(seen.values()) == {"h3"}, seen
