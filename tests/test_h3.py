@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -381,3 +382,25 @@ def test_chromium_loads_the_demo_site_with_every_response_on_h3(builds, pki, tmp
         seen.update({u: p for u, p in r.protocols.items() if u.startswith(origin)})
     assert len(seen) > len(pages), seen  # the pages and their assets
     assert set(seen.values()) == {"h3"}, seen
+
+
+def test_graceful_stop_closes_h3_connections_with_no_error(builds, pki):
+    """SIGTERM: an open HTTP/3 connection gets GOAWAY, then CONNECTION_CLOSE with
+    H3_NO_ERROR (0x100) once its responses are delivered; the server exits 0."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key, "--grace", "5")
+
+    async def run():
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+        config.load_verify_locations(pki.ca)
+        async with connect("127.0.0.1", s.port, configuration=config, create_protocol=_Client,
+                           wait_connected=True) as client:
+            assert (await client.request("/"))[0] == 200
+            s.proc.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(client.closed, 15)
+    try:
+        closed = asyncio.run(run())
+        assert closed.error_code == 0x100, closed
+        assert s.proc.wait(20) == 0
+    finally:
+        s.stop()

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
                    limits=limits, admin_port=args.admin_port, admin_host=args.admin_host,
-                   tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min)
+                   tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min,
+                   http3=False)  # aioquic is not frozen into the executable (yet): TCP only
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
