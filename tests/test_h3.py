@@ -239,34 +239,66 @@ def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki):
     v = site.routes[b"/"].identity
     v.h3 += field(b"x-section", b"from-the-build")
     ep = h3.Endpoint(App(site), h3.configuration(pki.chain, pki.key, 15))
+    headers, sections, _ = _in_memory(ep, pki)
+    assert headers[b"x-section"] == b"from-the-build"
+    assert sections[0].startswith(v.h3)
+
+
+def _in_memory(ep, pki, path: bytes = b"/"):
+    """aioquic's client connection against ``ep`` with datagrams moved in memory: one GET;
+    (the response's fields, its raw sections, every datagram the endpoint sent)."""
+    from aioquic.quic.connection import QuicConnection
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
     config.load_verify_locations(pki.ca)
     client = QuicConnection(configuration=config)
     ch3 = _Recorder(client)
     now = time.time()
-    client.connect(("127.0.0.1", 4433), now)
     server_addr, client_addr = ("127.0.0.1", 4433), ("127.0.0.1", 5555)
-    sid, done = None, []
+    client.connect(server_addr, now)
+    sid, done, sent = None, [], []
     for _ in range(50):
         ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(now)], now)
         for payload, _, seg in ep.outgoing:
             for i in range(0, len(payload), seg or len(payload)):
-                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
+                sent.append(payload[i:i + (seg or len(payload))])
+                client.receive_datagram(sent[-1], server_addr, now)
         ep.sent(len(ep.outgoing), now)
         event = client.next_event()
         while event is not None:
             if event.__class__.__name__ == "HandshakeCompleted" and sid is None:
                 sid = client.get_next_available_stream_id()
                 ch3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
-                                       (b":authority", b"localhost"), (b":path", b"/")], True)
+                                       (b":authority", b"localhost"), (b":path", path)], True)
             for e in ch3.handle_event(event):
                 if isinstance(e, HeadersReceived):
                     done.append(dict(e.headers))
             event = client.next_event()
         if done:
-            break
-    assert done and done[0][b"x-section"] == b"from-the-build"
-    assert ch3.sections[sid][0].startswith(v.h3)
+            return done[0], ch3.sections[sid], sent
+    raise AssertionError("no response")
+
+
+def test_under_a_flood_of_handshakes_new_clients_get_a_retry(builds, pki):
+    """Past ``retry_above`` handshakes in progress the first answer is a Retry (stateless:
+    no connection is made for it); the client's second Initial carries the token, and the
+    connection then completes with the validated original connection ID."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import QuicPacketType, pull_quic_header
+    from orisha.core.connection import App
+    from orisha.protocols import h3
+    from orisha.server import load_site
+    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
+    headers, _, sent = _in_memory(ep, pki)
+    assert headers[b":status"] == b"200"
+    first = pull_quic_header(Buffer(data=sent[0]), host_cid_length=8)
+    assert first.packet_type != QuicPacketType.RETRY  # not under load: no Retry
+    ep.retry_above = 0  # as if a flood of Initials were in progress
+    before = len(ep.live)
+    headers, _, sent = _in_memory(ep, pki)
+    assert headers[b":status"] == b"200"
+    assert pull_quic_header(Buffer(data=sent[0]), host_cid_length=8).packet_type == \
+        QuicPacketType.RETRY
+    assert len(ep.live) == before + 1  # the Retry made no connection; the retried one did
 
 
 def test_alt_svc_on_tls_responses_over_h1_and_h2(builds, pki):

@@ -23,7 +23,11 @@ write once: a batch of datagrams is fed to its connections first, then each
 connection touched is asked once for what to send, and runs of equal-sized
 datagrams to one address become one GSO group. Connections are counted in
 ``App.open`` with the TCP ones; over ``--max-connections`` a new Initial is
-dropped (the client keeps the TCP connection Alt-Svc came from). Graceful stop:
+dropped (the client keeps the TCP connection Alt-Svc came from). Under a flood
+of Initials — more than ``RETRY_ABOVE`` handshakes in progress — a new client
+must first prove its address with a Retry (RFC 9000 §8.1.2): the Retry packet
+and its token are stateless, so spoofed Initials cost a datagram, not a
+connection. Graceful stop:
 GOAWAY on the control stream (§5.2), then CONNECTION_CLOSE with H3_NO_ERROR
 once every response is acknowledged.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 
 from aioquic.buffer import Buffer, BufferReadError
 from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, HeadersState, \
@@ -39,8 +44,11 @@ from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, H
 from aioquic.h3.events import HeadersReceived
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated
-from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
+from aioquic.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated, \
+    HandshakeCompleted
+from aioquic.quic.packet import QuicPacketType, encode_quic_retry, \
+    encode_quic_version_negotiation, pull_quic_header
+from aioquic.quic.retry import QuicRetryTokenHandler
 from aioquic.buffer import encode_uint_var
 
 from ..blob import FileRegion
@@ -53,6 +61,7 @@ from .qpack_blocks import Sections, date_field
 _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unacknowledged)
 _GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
 _GSO_SEGMENTS = 64         # …and within the kernel's UDP_MAX_SEGMENTS
+RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get a Retry
 _SECTIONS = Sections()
 _date = [-1, b""]  # (second, QPACK date field line)
 
@@ -79,7 +88,7 @@ def _error(status: int) -> Plan:
 class _Conn:
     """One QUIC connection and what it still has to send."""
     __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
-                 "counted")
+                 "counted", "handshaking")
 
     def __init__(self, quic: QuicConnection, peer: str, seq: int) -> None:
         self.quic, self.peer, self.seq = quic, peer, seq
@@ -90,6 +99,7 @@ class _Conn:
         self.goaway = False
         self.last_sid = -4
         self.counted = True
+        self.handshaking = True
 
 
 class Endpoint:
@@ -104,6 +114,9 @@ class Endpoint:
         self.heap: list = []  # (deadline, seq, connection), stale entries skipped
         self.seq = itertools.count()
         self.stopping = False
+        self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
+        self.retry_above = RETRY_ABOVE
+        self.handshaking = 0
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -163,6 +176,7 @@ class Endpoint:
             if c.counted:
                 self.app.open -= 1
         self.live.clear()
+        self.handshaking = 0
         self.conns.clear()
         self.heap.clear()
         self.out.clear()
@@ -191,9 +205,29 @@ class Endpoint:
         if (header.packet_type != QuicPacketType.INITIAL or self.stopping
                 or app.open >= app.limits.connections):
             return None
+        original, retried, token = header.destination_cid, None, header.token
+        if token:  # a Retry's token (ours): the address is validated
+            try:
+                original = self.retry.validate_token(
+                    address=addr, destination_cid=header.destination_cid, token=token, now=now)
+                retried = header.destination_cid
+            except ValueError:  # another worker's, expired, or forged: as if it had none
+                token = b""
+        if not token and self.handshaking >= self.retry_above:
+            scid = os.urandom(8)
+            self.out.append((encode_quic_retry(
+                version=header.version, source_cid=scid, destination_cid=header.source_cid,
+                original_destination_cid=header.destination_cid,
+                retry_token=self.retry.create_token(
+                    address=addr, original_destination_connection_id=header.destination_cid,
+                    retry_source_connection_id=scid, now=now)),
+                addr, 0))
+            return None
         quic = QuicConnection(configuration=self.config,
-                              original_destination_connection_id=header.destination_cid)
+                              original_destination_connection_id=original,
+                              retry_source_connection_id=retried)
         c = _Conn(quic, addr[0], next(self.seq))
+        self.handshaking += 1
         for cid in (header.destination_cid, quic.host_cid):
             c.cids.add(cid)
             self.conns[cid] = c
@@ -217,6 +251,9 @@ class Endpoint:
                 self.conns.pop(event.connection_id, None)
             elif cls is ConnectionTerminated:
                 ended = True
+            elif cls is HandshakeCompleted and c.handshaking:
+                c.handshaking = False
+                self.handshaking -= 1
             else:
                 for h in h3.handle_event(event):
                     if h.__class__ is HeadersReceived:
@@ -241,6 +278,9 @@ class Endpoint:
             if self.conns.get(cid) is c:
                 del self.conns[cid]
         c.timer = None
+        if c.handshaking:
+            c.handshaking = False
+            self.handshaking -= 1
         if c in self.live:
             self.live.discard(c)
             self.app.open -= 1
