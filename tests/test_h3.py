@@ -436,3 +436,34 @@ def test_graceful_stop_closes_h3_connections_with_no_error(builds, pki):
         assert s.proc.wait(20) == 0
     finally:
         s.stop()
+
+
+def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
+    """The endpoint's runs of equal datagrams to one address become one (payload, segment)
+    group, and the Pump sends it with UDP_SEGMENT: the kernel delivers the datagrams apart."""
+    from orisha.core.connection import App
+    from orisha.loops.base import Datagrams
+    from orisha.loops.udp import Pump
+    from orisha.protocols import h3
+    from orisha.server import load_site
+    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(5)
+        tx.setblocking(False)
+        to = rx.getsockname()
+        sizes = [1200] * 5 + [700, 1200, 1200, 300, 500]  # a shorter one ends each group
+        ep._gather(None, [(bytes([i]) * n, to) for i, n in enumerate(sizes)])
+        assert [(len(p), seg) for p, _, seg in ep.outgoing] == [(6700, 1200), (2700, 1200),
+                                                                 (500, 0)]
+        pump = Pump(Datagrams(tx, ep))
+        assert pump.gso  # Linux ≥ 4.18
+        assert pump.flush(time.time()) and not ep.outgoing
+        got = [rx.recv(2048) for _ in sizes]
+        assert [(len(d), d[0]) for d in got] == [(n, i) for i, n in enumerate(sizes)]
+        assert pump.gso  # the kernel took the GSO sends
+    finally:
+        rx.close()
+        tx.close()
