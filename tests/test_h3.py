@@ -13,8 +13,6 @@ import asyncio
 import os
 import signal
 import socket
-import ssl
-import subprocess
 import time
 
 import pytest
@@ -29,7 +27,7 @@ from hypothesis import strategies as st
 
 from conftest import TEST_LIMITS
 from httpraw import Conn
-from tlsutil import _stop_servers, client_context, pki, serve, tls_connect  # noqa: F401
+from tlsutil import client_context, pki, serve, tls_connect  # noqa: F401  (pki: a fixture)
 
 HOSTED = ["epoll", "io-uring", "kqueue", "asyncio", "epoll-pure", "io-uring-pure"]
 _servers: dict = {}
@@ -467,3 +465,40 @@ def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
     finally:
         rx.close()
         tx.close()
+
+
+def _children(pid: int) -> list[str]:
+    """The pids whose parent is ``pid`` (from /proc: no procps needed)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if p.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(p)
+        except OSError:  # exited while listing, or not a process
+            continue
+    return out
+
+
+def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
+    """kill -9 of a worker: the supervisor restarts it on the same UDP socket, and new
+    HTTP/3 connections (the kernel hashes them over both workers' sockets) all succeed."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "2", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
+    try:
+        children = _children(s.proc.pid)
+        assert len(children) == 2, children
+        os.kill(int(children[0]), signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # its replacement (after RESTART_PAUSE if young)
+            now = _children(s.proc.pid)
+            if len(now) == 2 and children[0] not in now:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the killed worker was not restarted")
+        time.sleep(0.5)  # the replacement enters its loop
+        for _ in range(6):  # fresh connections: new source ports, both sockets
+            assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+    finally:
+        s.stop()
