@@ -168,7 +168,10 @@ class Endpoint:
         """GOAWAY on every connection (RFC 9114 §5.2); each closes once drained."""
         self.stopping = True
         for c in list(self.live):
-            self._go_away(c)
+            if c.handshaking:  # no request can have come yet: close now, not at the idle timeout
+                c.quic.close(error_code=ErrorCode.H3_NO_ERROR)
+            else:
+                self._go_away(c)
             self._process(c, now)
 
     def close(self) -> None:
@@ -271,7 +274,11 @@ class Endpoint:
         if t != c.timer:
             c.timer = t
             if t is not None:
-                heapq.heappush(self.heap, (t, c.seq, c))
+                heap = self.heap
+                heapq.heappush(heap, (t, c.seq, c))
+                if len(heap) > 4 * len(self.live) + 1024:  # stale entries: keep it bounded
+                    heap[:] = [e for e in heap if e[0] == e[2].timer]
+                    heapq.heapify(heap)
 
     def _forget(self, c: _Conn) -> None:
         for cid in c.cids:
