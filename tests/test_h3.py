@@ -502,3 +502,11 @@ def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
             assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
     finally:
         s.stop()
+
+
+def test_an_oversized_field_section_gets_431_and_the_connection_goes_on(builds, pki):
+    """A request whose head is over --head-limit gets 431 (as HTTP/1.1 and HTTP/2 do); the
+    same connection then answers the next request."""
+    s = h3_server(builds, "epoll", pki)
+    got = h3_get(s.port, pki.ca, [("/", "GET", [("x-big", "a" * 9000)]), ("/", "GET", ())])
+    assert [g[0] for g in got] == [431, 200]
