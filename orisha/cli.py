@@ -152,7 +152,8 @@ def serve(path, host, port, workers, loop, fallback, not_found, access_log, admi
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
-                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min, http3=http3))
+                 admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
+                 http3=http3))
 
 
 @main.command()

@@ -333,7 +333,7 @@ class Supervisor:
             site = self.load() if self.load else self.site
             protocols = self.make_protocols() if self.make_protocols else None
             quic = self.make_quic() if self.make_quic else None
-        except (ServeError, OSError, ValueError) as e:  # a bad new certificate for QUIC too
+        except ServeError as e:
             gc.freeze()
             print(f"orisha: reload failed, still serving the previous build: {e}", file=sys.stderr)
             return

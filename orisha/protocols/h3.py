@@ -55,6 +55,7 @@ from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
 from ..core.policy import Stat
+from ..errors import ServeError
 from .h2 import _synthetic_head  # the one request → head mapping for HTTP/2 and HTTP/3
 from .qpack_blocks import Sections, date_field
 
@@ -69,7 +70,10 @@ _date = [-1, b""]  # (second, QPACK date field line)
 def configuration(cert: str, key: str, idle_timeout: float) -> QuicConfiguration:
     """A server's QUIC configuration (one per worker generation: a reload reads the files)."""
     config = QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN, idle_timeout=idle_timeout)
-    config.load_cert_chain(cert, key)
+    try:
+        config.load_cert_chain(cert, key)
+    except (OSError, ValueError) as e:  # unreadable, not PEM, or a key that does not match
+        raise ServeError(f"{cert}, {key}: cannot load them for QUIC ({e})") from None
     return config
 
 
