@@ -510,3 +510,26 @@ def test_an_oversized_field_section_gets_431_and_the_connection_goes_on(builds, 
     s = h3_server(builds, "epoll", pki)
     got = h3_get(s.port, pki.ca, [("/", "GET", [("x-big", "a" * 9000)]), ("/", "GET", ())])
     assert [g[0] for g in got] == [431, 200]
+
+
+def test_after_a_reload_the_new_generation_serves_h3(builds, pki):
+    """SIGHUP: the new generation's workers take the same UDP sockets; once the old one has
+    drained, fresh HTTP/3 connections are all answered by it."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "2", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key, "--grace", "2")
+    try:
+        assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+        before = set(_children(s.proc.pid))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the old generation drained and exited
+            now = set(_children(s.proc.pid))
+            if len(now) == 2 and not now & before:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the old generation did not hand over")
+        for _ in range(6):
+            assert h3_get(s.port, pki.ca, [("/css/site.css", "GET", ())])[0][0] == 200
+    finally:
+        s.stop()
