@@ -156,11 +156,13 @@ def _limit_options(f):
               "own HTTPS (private CAs, tests).")
 @click.option("--state", metavar="DIR", help="ACME state: account key, certificate and key "
               "[default: $ORISHA_STATE or ~/.local/share/orisha].")
+@click.option("--no-http3", is_flag=True, help="With TLS: no HTTP/3 on the same port over UDP.")
 @_limit_options
 def serve(path, sites, host, port, workers, loop, fallback, not_found, access_log, admin_port,
           admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
           acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
+    http3 = not limits.pop("no_http3")
     if port is None:  # a CA validates TLS-ALPN-01 on 443 (RFC 8737 §3), HTTP-01 on 80
         port = 443 if domains else 8080
     pairs = _sites(path, sites, fallback, not_found)
@@ -178,7 +180,7 @@ def serve(path, sites, host, port, workers, loop, fallback, not_found, access_lo
                  admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
                  sites=pairs, http_port=http_port, hsts=hsts, domains=domains,
                  acme_email=acme_email, acme_directory=acme_directory, acme_ca=acme_ca,
-                 state=state))
+                 state=state, http3=http3))
 
 
 def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]]:

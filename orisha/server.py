@@ -118,6 +118,31 @@ def _taken(host: str, port: int, e: OSError) -> str:
     return f"{host}:{port}: port {port} is already in use" + (f" by {who}" if who else "")
 
 
+def datagram_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` UDP sockets on the TCP port's number (HTTP/3), SO_REUSEPORT: the kernel
+    hashes each datagram's 4-tuple onto one of them, so one worker sees all of a
+    connection's datagrams while the set of sockets stays the same."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(family, socket.SOCK_DGRAM)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(addr)
+            s.setblocking(False)
+    except OSError as e:
+        for s in socks:
+            s.close()
+        what = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise ServeError(f"{host}:{port}/udp: {what} (--no-http3 serves without it)") from None
+    return socks
+
+
 def _access_log(path: str):
     """A writer for access-log batches: appended to PATH, or to stdout for '-'."""
     try:
@@ -138,7 +163,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
         tls_min: str = "1.2", sites=None, http_port: int | None = None, hsts: int | None = None,
         domains=(), acme_email: str | None = None, acme_directory: str | None = None,
-        acme_ca: str | None = None, state: str | None = None) -> int:
+        acme_ca: str | None = None, state: str | None = None, http3: bool = True) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
     SIGHUP reloads a build folder with zero downtime: a new generation of
@@ -152,6 +177,8 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     first answers unknown hosts. ``domains``: certificates from ACME (orisha/acme.py).
     ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
     HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers.
+    ``http3`` (with one --tls-cert): HTTP/3 over QUIC on the same port number over UDP
+    (orisha/protocols/h3.py), advertised by Alt-Svc on the TCP port's responses.
     """
     acme = _acme(domains, tls_cert, acme_email, acme_directory, acme_ca, state, tls_min,
                  http_port is not None)
@@ -172,44 +199,61 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     else:
         site = loader(build_dir) if reloadable else _with_hsts(lambda s: s, hsts)(build_dir)
         load = lambda: loader(build_dir)  # noqa: E731
-    name, loop_cls = _loop(loop or site.loop)
+    certs = _seq(tls_cert)
+    if http3 and (acme or len(certs) > 1):
+        # aioquic's configuration holds one certificate, made from files: no SNI choice, and
+        # ACME's certificate reaches only the TCP port's context so far.
+        print("orisha: HTTP/3 off: it serves one --tls-cert (ACME or several certificates: "
+              "TCP only)", file=sys.stderr)
+    http3 = http3 and len(certs) == 1 and not acme
+    name, loop_cls = _loop(loop or site.loop, http3)
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
     if admin_port and admin_port == port:
         raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
+    limits = limits or Limits()
+    socks, udp, quic, alt_svc = [], [], None, b""
     try:
         socks = listeners(host, port, workers)
         plain = listeners(host, http_port, workers) if http_port is not None else []
+        if http3:
+            bound = socks[0].getsockname()[1]
+            quic = _quic(certs[0], _seq(tls_key)[0], limits)
+            udp = datagram_sockets(host, bound, workers)
+            alt_svc = _advertise(bound)
     except ServeError:
-        for s in [admin] + locals().get("socks", []):
+        for s in [admin] + socks + locals().get("plain", []):
             if s is not None:
                 s.close()
         raise
     https_port = socks[0].getsockname()[1]
-    sup = Supervisor(site, socks, loop_cls, limits or Limits(), log=log, admin=admin,
+    sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
                      load=load if reloadable else None,
                      name=str(build_dir) if reloadable else "", protocols=protocols,
                      plain=plain, plain_app=_plain_app(https_port, acme) if plain else None,
                      watch=FileWatch([*_seq(tls_cert), *_seq(tls_key)]) if tls_cert else None,
-                     acme=acme)
+                     acme=acme, udp=udp, quic=quic, alt_svc=alt_svc)
     sup.start()
     line = _serving_line(socks[0].getsockname(), admin, name, workers, site,
                          "https" if tls_on else "http")
     if plain:
         line += f" (and {_url(plain[0].getsockname())}/: redirects to https)"
     announce(line)
+    if udp:
+        print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}", file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
 
 
-def _loop(wanted: str):
-    """(name, loop body class) for the loop asked for or recorded in the build."""
+def _loop(wanted: str, datagrams: bool = False):
+    """(name, loop body class) for the loop asked for or recorded in the build; ``datagrams``:
+    a body with the datagram side (HTTP/3)."""
     name, note = loops.resolve(wanted)
     if note:
         print(f"orisha: {note}", file=sys.stderr)
     try:
-        return name, loops.load(name)
+        return name, loops.load(name, datagrams)
     except LoopUnavailable as e:
         raise ServeError(str(e)) from None
 
@@ -270,6 +314,27 @@ def _plain_app(https_port: int, acme):
         return Upgrade(site, limits, publish=publish, log=log, https_port=https_port,
                        tokens=dict(acme.tokens) if acme else {})
     return make
+
+
+def _quic(cert: str, key: str, limits: Limits):
+    """What makes each worker generation's QUIC configuration (HTTP/3), and checks it once."""
+    try:
+        from .protocols import h3  # aioquic is imported only by a server that speaks HTTP/3
+    except ImportError as e:
+        raise ServeError(f"HTTP/3 needs aioquic (pip install 'orisha[h3]'), or --no-http3: {e}") \
+            from None
+    make = lambda: h3.configuration(cert, key, limits.idle_timeout)  # noqa: E731
+    make()
+    return make
+
+
+def _advertise(port: int) -> bytes:
+    """Alt-Svc (RFC 7838) for the TLS port's responses, known only now (the port): the
+    HTTP/1.1 line the core splices beside Date, and the HTTP/2 field after h2's date."""
+    from .protocols import hpack_blocks
+    value = b'h3=":%d"; ma=86400' % port
+    hpack_blocks.advertise(b"alt-svc", value)  # before the fork: every worker's h2 has it
+    return b"Alt-Svc: " + value + b"\r\n"
 
 
 def _url(addr, scheme: str = "http") -> str:

@@ -174,7 +174,9 @@ class Supervisor:
                  admin: socket.socket | None = None, name: str = "",
                  protocols: Callable[[], object] | None = None,
                  plain: list[socket.socket] = (), plain_app: Callable[..., App] | None = None,
-                 watch: "FileWatch | None" = None, acme=None) -> None:
+                 watch: "FileWatch | None" = None, acme=None,
+                 udp: list[socket.socket] | None = None, quic: Callable[[], object] | None = None,
+                 alt_svc: bytes = b"") -> None:
         self.site, self.socks, self.loop_cls, self.limits = site, socks, loop_cls, limits
         self.load, self.log, self.admin, self.name = load, log, admin, name
         # ``protocols`` makes a generation's TLS/HTTP/2 front (orisha/protocols/), here in the
@@ -192,6 +194,11 @@ class Supervisor:
         # new generation as SIGHUP does, without reloading the build (``_renew``).
         # ``acme``: the certificate manager (orisha/acme.py), stepped every turn.
         self.watch, self.acme = watch, acme
+        # HTTP/3: one UDP socket per TLS worker (worker i reads udp[i]; the plain port's
+        # workers have none) and what makes a generation's QUIC configuration (like the TLS
+        # context: a reload reads the files).
+        self.udp, self.make_quic, self.alt_svc = udp or [], quic, alt_svc
+        self.quic = quic() if quic else None
         self.workers = len(self.socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1))
         self.live: dict[int, Worker] = {}
@@ -298,8 +305,9 @@ class Supervisor:
                 os.close(fd)
             if self.acme:
                 self.acme.forked()  # the worker holds no end of the ACME helper's pipe
-            for s in [self.admin] + self.socks:  # a dead supervisor's port must not stay held
-                if s is not None and s is not self.socks[index]:
+            mine = (self.socks[index], self.udp[index] if index < len(self.udp) else None)
+            for s in [self.admin] + self.socks + self.udp:  # a dead supervisor's port must not
+                if s is not None and s not in mine:        # stay held
                     s.close()
             _die_with(self.pid)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGTERM lands here
@@ -308,8 +316,8 @@ class Supervisor:
                                      log=self.log)
             else:
                 app = App(self.site, self.limits, publish=self.stats.publisher(slot),
-                          log=self.log, protocols=self.protocols)
-            body = self.loop_cls(self.socks[index], app)
+                          log=self.log, protocols=self.protocols, alt_svc=self.alt_svc)
+            body = self.loop_cls(self.socks[index], app, *self._datagrams(index, app))
             self.stats.mark_started(slot)
             body.run(lambda: bool(stop))
         except BaseException:
@@ -320,6 +328,14 @@ class Supervisor:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+    def _datagrams(self, index: int, app: App) -> tuple:
+        """The datagram side of worker ``index``'s loop body (HTTP/3), or nothing."""
+        if index >= len(self.udp):  # no HTTP/3, or a plain-port worker
+            return ()
+        from .loops.base import Datagrams
+        from .protocols.h3 import Endpoint
+        return (Datagrams(self.udp[index], Endpoint(app, self.quic)),)
 
     def _tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]
@@ -386,11 +402,12 @@ class Supervisor:
         try:
             site = self.load() if self.load else self.site
             protocols = self.make_protocols() if self.make_protocols else None
+            quic = self.make_quic() if self.make_quic else None
         except ServeError as e:
             gc.freeze()
             print(f"orisha: reload failed, still serving the previous build: {e}", file=sys.stderr)
             return
-        self.site, self.protocols = site, protocols
+        self.site, self.protocols, self.quic = site, protocols, quic
         old = [pid for pid, w in self.live.items() if w.gen == self.gen]
         self.gen += 1
         self.reloads += 1
@@ -407,11 +424,12 @@ class Supervisor:
             return False
         try:
             protocols = self.make_protocols()
+            quic = self.make_quic() if self.make_quic else None  # HTTP/3 reads the files too
         except ServeError as e:
             print(f"orisha: {why}, but the new certificate is not used, still serving the "
                   f"previous one: {e}", file=sys.stderr)
             return False
-        self.protocols = protocols
+        self.protocols, self.quic = protocols, quic
         old = [pid for pid, w in self.live.items() if w.gen == self.gen]
         self.gen += 1
         self._spawn_generation()
@@ -446,7 +464,7 @@ class Supervisor:
             self.due.clear()
             for pid in list(self.live):
                 self._tell_to_stop(pid)
-            for s in self.socks:
+            for s in self.socks + self.udp:
                 s.close()
 
     # -- admin port ----------------------------------------------------------------

@@ -46,6 +46,7 @@ class PageResult:
     failed_requests: list[str] = field(default_factory=list)      # "URL: net::ERR_…"
     bad_responses: list[str] = field(default_factory=list)        # "404 URL"
     errors: list[str] = field(default_factory=list)               # exceptions, console, log
+    protocols: dict[str, str] = field(default_factory=dict)       # URL → "h2", "h3"… (DevTools)
 
     @property
     def problems(self) -> list[str]:
@@ -188,8 +189,9 @@ def _load(b: _Browser, url: str, timeout: float, same_origin: bool) -> PageResul
                 failed = urls.get(p["requestId"], "?")
                 if counts(failed):
                     result.failed_requests.append(f"{failed}: {p.get('errorText')}")
-            elif method == "Network.responseReceived" and p["response"]["status"] >= 400:
-                if counts(p["response"]["url"]):
+            elif method == "Network.responseReceived":
+                result.protocols[p["response"]["url"]] = p["response"].get("protocol", "")
+                if p["response"]["status"] >= 400 and counts(p["response"]["url"]):
                     result.bad_responses.append(f"{p['response']['status']} {p['response']['url']}")
             elif method == "Runtime.exceptionThrown":
                 d = p["exceptionDetails"]

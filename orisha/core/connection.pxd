@@ -7,6 +7,7 @@ cimport cython
 cdef class App:
     cdef public object site, protocols, routes, limits, publish, log, hosts
     cdef public dict views
+    cdef public bytes alt_svc  # HTTP/3 advertised beside Date (serve time)
     cdef public Py_ssize_t open
     cdef public list stats
     cdef public object log_lines

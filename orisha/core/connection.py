@@ -98,7 +98,7 @@ class App:
     """
 
     def __init__(self, site: Site, limits: Limits | None = None, publish=None, log=None,
-                 protocols=None, hosts=None) -> None:
+                 protocols=None, hosts=None, alt_svc: bytes = b"") -> None:
         if site.__class__ is Hosts:  # several sites: the first answers unknown hosts
             site, hosts = site.sites[0], site
         self.site = site
@@ -106,6 +106,9 @@ class App:
         # ``plan``; None for one site, which then does no host lookup at all.
         self.hosts = hosts
         self.views: dict = {}  # SNI-chosen site index → its App (``view``)
+        # ``alt_svc``: an "Alt-Svc: …" line for every response (HTTP/3 advertised on the TLS
+        # port), spliced beside Date: the port is known at serve time, not at build time.
+        self.alt_svc = alt_svc
         # ``protocols``: what a connection speaks besides plain HTTP/1.1 — TLS, HTTP/2
         # (orisha/protocols/, chosen once at start-up); it makes each new connection.
         self.protocols = protocols
@@ -130,7 +133,7 @@ class App:
         """
         second = int(now)
         if second != self._second:
-            date = b"Date: " + format_http_date(second) + b"\r\n"
+            date = b"Date: " + format_http_date(second) + b"\r\n" + self.alt_svc
             self._tails = (date + b"\r\n", date + b"Connection: close\r\n\r\n",
                            date + b"Connection: keep-alive\r\n\r\n")
             self._second = second
@@ -169,7 +172,7 @@ class App:
         v = self.views.get(i)
         if v is None:
             v = self.views[i] = App(self.hosts.sites[i], self.limits, protocols=self.protocols,
-                                    hosts=self.hosts.sole(i))
+                                    hosts=self.hosts.sole(i), alt_svc=self.alt_svc)
             v.stats, v.log_lines = self.stats, self.log_lines
         return v
 

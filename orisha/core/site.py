@@ -25,14 +25,17 @@ class Variant:
     """One encoding of a document: heads for 200/HEAD and 304, and the body.
 
     ``h2``/``h2_304``: the HTTP/2 header blocks of the two heads, encoded by the build
-    (orisha/protocols/hpack_blocks.py; empty in builds made before it emitted them)."""
+    (orisha/protocols/hpack_blocks.py; empty in builds made before it emitted them);
+    ``h3``/``h3_304``: their HTTP/3 QPACK field sections (orisha/protocols/qpack_blocks.py)."""
 
     __slots__ = ("coding", "bit", "etag", "head", "head_304", "fields", "body", "length",
-                 "h2", "h2_304")
+                 "h2", "h2_304", "h3", "h3_304")
 
     def __init__(self, coding: bytes, etag: bytes, fields: bytes, fields_304: bytes,
-                 body, status: bytes = b"200 OK", h2: bytes = b"", h2_304: bytes = b"") -> None:
+                 body, status: bytes = b"200 OK", h2: bytes = b"", h2_304: bytes = b"",
+                 h3: bytes = b"", h3_304: bytes = b"") -> None:
         self.h2, self.h2_304 = h2, h2_304
+        self.h3, self.h3_304 = h3, h3_304
         self.coding = coding
         self.bit = CODING_BITS[coding]
         self.etag = etag

@@ -35,6 +35,10 @@ COMPILED = {
     "io-uring": "orisha.loops.compiled_io_uring",
 }
 
+# Compiled bodies that take the datagram side of base.py (HTTP/3); for the others ``load``
+# with ``datagrams`` returns the pure module, which does (a start-up line says so).
+COMPILED_DATAGRAMS = frozenset(("epoll", "io-uring"))
+
 # The third-party packages each loop imports (a packager bundles these with the module).
 LIBRARIES = {"epoll": (), "io-uring": ("liburing", "dynamic_import"), "kqueue": (),
              "asyncio": ("uvloop",)}
@@ -176,11 +180,16 @@ def describe() -> str:
                       for name in COMPILED] + [f"core {core}"])
 
 
-def load(name: str):
-    """Import the chosen loop body's module and return its ``Loop`` class."""
+def load(name: str, datagrams: bool = False):
+    """Import the chosen loop body's module and return its ``Loop`` class; ``datagrams``:
+    one that serves the datagram side too (HTTP/3)."""
     if name not in MODULES:
         raise LoopUnavailable(f"unknown loop {name!r} (choose from {', '.join(MODULES)})")
     module_name = module(name)
+    if datagrams and module_name != MODULES[name] and name not in COMPILED_DATAGRAMS:
+        print(f"orisha: the compiled {name} body has no datagram side (HTTP/3); using the "
+              "pure one", file=sys.stderr)
+        module_name = MODULES[name]
     if name == "io-uring":
         problem = io_uring_problem()
         if problem:

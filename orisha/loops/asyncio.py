@@ -9,6 +9,12 @@ makes the transport copy more than one slice beyond that mark. The graceful
 stop follows ``base.py``; connections keep their once-a-second tick while the
 worker drains, so a client that keeps a finished connection open is let go after
 the core's linger, not held until the grace runs out.
+
+The datagram side (``base.py``) is a ``DatagramProtocol``: what arrives within one
+event-loop turn is gathered into one batch (a ``call_soon`` per turn), sends go
+through the transport's ``sendto`` (it buffers on EAGAIN and pauses us at its
+high-water mark), and the endpoint's timer is one ``call_at`` handle. A transport
+takes no control messages, so this body sends GSO groups slice by slice.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ except ImportError:  # documented fallback: the stdlib loop, same behaviour, slo
 
 from ..blob import REGION_MIN, FileRegion, release as release_maps
 from ..core.connection import App
-from .base import ANSWERED, BACKLOG, FRESH, LATE
+from .base import ANSWERED, BACKLOG, BATCH, FRESH, LATE
 
 _SLICE = 256 * 1024
 
@@ -118,10 +124,76 @@ class _Protocol(asyncio.Protocol):
             (t.resume_reading if want else t.pause_reading)()
 
 
+class _Datagrams(asyncio.DatagramProtocol):
+    """The datagram side: one UDP transport and its endpoint (base.py)."""
+
+    def __init__(self, ep) -> None:
+        self.ep, self.batch, self.t = ep, [], None
+        self.paused = self.soon = False
+        self.timer, self.timer_at = None, None
+
+    def connection_made(self, transport) -> None:
+        self.t = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.batch.append((data, addr))
+        if len(self.batch) >= BATCH:
+            self.turn()
+        elif not self.soon:  # the rest of this turn's datagrams join the batch
+            self.soon = True
+            asyncio.get_running_loop().call_soon(self.turn)
+
+    def error_received(self, exc) -> None:  # ICMP errors for earlier sends: a lost datagram
+        pass
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.flush()
+
+    def turn(self) -> None:
+        self.soon = False
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self.ep.receive(batch, time.time())
+        self.flush()
+
+    def expire(self) -> None:
+        self.timer = self.timer_at = None
+        self.ep.expire(time.time())
+        self.flush()
+
+    def flush(self) -> None:
+        out, t = self.ep.outgoing, self.t
+        n = 0
+        while n < len(out) and not self.paused and not t.is_closing():
+            payload, addr, segment = out[n]
+            if segment:
+                view = memoryview(payload)
+                for i in range(0, len(view), segment):
+                    t.sendto(view[i:i + segment], addr)
+            else:
+                t.sendto(payload, addr)
+            n += 1
+        if n:
+            self.ep.sent(n, time.time())
+        at = self.ep.timer
+        if at != self.timer_at:  # the one timer, re-armed only when it moved
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer_at = at
+            self.timer = None if at is None else asyncio.get_running_loop().call_later(
+                max(0.0, at - time.time()), self.expire)
+
+
 class Loop:
     name = "asyncio"
 
-    def __init__(self, listener: socket.socket, app: App) -> None:
+    def __init__(self, listener: socket.socket, app: App, datagrams=None) -> None:
+        self.datagrams = datagrams
+        self.udp: _Datagrams | None = None
         self.listener = listener
         self.app = app
         self.protocols: set[_Protocol] = set()
@@ -135,13 +207,16 @@ class Loop:
     async def _serve(self, stopping) -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _Protocol(self), sock=self.listener, backlog=BACKLOG)
+        if self.datagrams is not None:
+            _, self.udp = await loop.create_datagram_endpoint(
+                lambda: _Datagrams(self.datagrams.endpoint), sock=self.datagrams.sock)
         while not stopping():
             await asyncio.sleep(1)
             self._tick(time.time())
         now = time.time()
         self._stop(server, now)
         deadline, next_tick = now + self.app.limits.grace, now + 1
-        while self.protocols and now < deadline:
+        while (self.protocols or (self.udp and self.udp.ep.busy)) and now < deadline:
             await asyncio.sleep(0.05)  # the worker exits as soon as its last connection has
             now = time.time()
             if now >= next_tick:  # timeouts still apply: the linger after a last response
@@ -149,11 +224,17 @@ class Loop:
                 self._tick(now)
         for p in list(self.protocols):
             p.t.abort()
+        if self.udp:
+            self.udp.t.close()
+            self.udp.ep.close()
         self.app.tick(time.time())  # last counters and log lines
 
     def _tick(self, now: float) -> None:
         self.app.tick(now)
         release_maps()
+        if self.udp:
+            self.udp.ep.tick(now)
+            self.udp.flush()
         for p in list(self.protocols):
             p.conn.tick(now)
             p.flush(now)
@@ -163,6 +244,9 @@ class Loop:
         awaiting their first answer (base.py)."""
         self.stopped = True
         server.close()
+        if self.udp:
+            self.udp.ep.shutdown(now)
+            self.udp.flush()
         for p in list(self.protocols):
             if p.first:
                 p.first = LATE

@@ -46,12 +46,44 @@ reported whole: while part of it is written the loop keeps its own position in
 it and calls ``conn.sent(0, now)`` (progress, for the send timeout), then
 ``conn.sent(region.length, now)`` once all of it is written. A loop that cannot
 send from a file writes ``region.view`` (a memoryview of the same bytes).
+
+The datagram side (HTTP/3 over QUIC, orisha/protocols/h3.py). A body may be given
+``datagrams``: a ``Datagrams`` pair of a bound, non-blocking UDP socket and an
+*endpoint* that holds every QUIC connection of the worker. There is no per-connection
+object at this level: the endpoint demultiplexes by connection ID itself. Contract:
+
+  ep.receive(batch, now)         after each read turn: ``batch`` is a list of
+                                 (data, address) pairs, every datagram read until EAGAIN
+                                 or ``BATCH`` of them (so one turn cannot starve the rest)
+  ep.outgoing                    a list of (payload, address, segment) to send next, in
+                                 order: ``payload`` is one datagram when ``segment`` is 0,
+                                 else datagrams of ``segment`` bytes (the last may be
+                                 shorter) for one GSO send (UDP_SEGMENT) — a body that
+                                 cannot do GSO sends each slice itself
+  ep.sent(n, now)                after sending the first n items of ``outgoing`` (fewer
+                                 than all when the socket buffer is full: wait until
+                                 writable, then send the rest). A datagram the kernel
+                                 refuses otherwise (EMSGSIZE, EHOSTUNREACH…) counts as
+                                 sent: QUIC treats it as lost and recovers
+  ep.timer                       the time (``now``'s clock) at which ``ep.expire`` is due,
+                                 or None: the one timer of all QUIC connections
+  ep.expire(now)                 once ``now >= ep.timer`` (retransmissions, ACK delay, idle)
+  ep.tick(now)                   about once a second
+  ep.shutdown(now)               graceful stop: HTTP/3 GOAWAY, CONNECTION_CLOSE once drained
+  ep.busy                        True while connections remain (a stopping body keeps the
+                                 socket until it is False or the grace is over)
+  ep.close()                     once, when the body has closed the socket
+
+After ``receive``, ``expire``, ``tick`` and ``shutdown`` the body flushes ``outgoing``.
+The shared moving — reads in batches, GSO sends, the timer — is ``orisha/loops/udp.py``'s
+``Pump``; a body only watches the socket (readable; writable while ``outgoing`` is left)
+and waits no longer than the timer.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from ..core.connection import App
 
@@ -59,6 +91,13 @@ from ..core.connection import App
 # receive leaves a response outgoing, LATE when the stop comes before that, then ANSWERED.
 ANSWERED, FRESH, LATE = 0, 1, 2
 BACKLOG = 4096  # listen(2) backlog of every listener (orisha/server.py opens them)
+BATCH = 64  # datagrams read per turn at most (the datagram side, above)
+
+
+class Datagrams(NamedTuple):
+    """The datagram side a body may be given: a UDP socket and the endpoint it feeds."""
+    sock: socket.socket
+    endpoint: object
 
 
 def last_accepts(listener: socket.socket):
@@ -88,10 +127,12 @@ class LoopBody(Protocol):
     name: str
     """Short name used by ``--loop`` and in logs."""
 
-    def __init__(self, listener: socket.socket, app: App) -> None:
-        """Take a bound, listening, non-blocking socket; do not accept yet."""
+    def __init__(self, listener: socket.socket, app: App,
+                 datagrams: Datagrams | None = None) -> None:
+        """Take a bound, listening, non-blocking socket (and the datagram side, if
+        any: above); do not accept or read yet."""
 
     def run(self, stopping: Callable[[], bool]) -> None:
         """Serve until ``stopping()`` is True (checked at least once a second),
-        then stop accepting, ``shutdown`` every connection, let in-flight
-        responses finish (at most ``app.limits.grace`` seconds) and return."""
+        then stop accepting, ``shutdown`` every connection (and the endpoint), let
+        in-flight responses finish (at most ``app.limits.grace`` seconds) and return."""

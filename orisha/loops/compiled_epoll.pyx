@@ -8,6 +8,11 @@ core takes), sendmsg with iovecs pointing straight into ``outgoing``, sendfile
 for a ``FileRegion`` (the head before it goes with MSG_MORE), and the
 per-socket state in a typed object — so what is left per request is the
 interpreter running the core.
+
+The datagram side (HTTP/3, ``base.py``) is one more descriptor in the epoll set,
+moved by the pure ``udp.Pump`` (recvfrom batches, GSO sendmsg): per datagram
+the work is QUIC's, in Python (aioquic), far above a syscall's cost, so C here
+would buy nothing measurable.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -17,6 +22,7 @@ from libc.string cimport memset
 from posix.unistd cimport close as c_close
 
 from ..blob import FileRegion, release as release_maps
+from .udp import Pump
 
 cdef enum:
     READ = 1
@@ -47,10 +53,12 @@ cdef class _Conn:
 
 cdef class Loop:
     cdef readonly str name
-    cdef object listener, app, conns
-    cdef int lfd, ep
+    cdef object listener, app, conns, pump
+    cdef int lfd, ep, ufd, uwant
 
-    def __init__(self, listener, app):
+    def __init__(self, listener, app, datagrams=None):
+        self.pump = Pump(datagrams) if datagrams is not None else None
+        self.ufd = self.pump.fd if datagrams is not None else -1
         self.name = "epoll"
         self.listener, self.app = listener, app
         self.lfd = listener.fileno()
@@ -77,11 +85,15 @@ cdef class Loop:
         cdef bint accepting = True, paused = False
         cdef _Conn c
         cdef ssize_t got
-        cdef object deadline = None, conns = self.conns
+        cdef object deadline = None, conns = self.conns, pump = self.pump
         self._watch(self.lfd, READ, False)
+        if pump is not None:
+            self._watch(self.ufd, READ, False)
+            self.uwant = READ
         next_tick = _now() + 1
-        while conns or accepting:
-            n = epoll_wait(self.ep, events, EVENTS, 1000)
+        while conns or accepting or (pump is not None and pump.ep.busy):
+            n = epoll_wait(self.ep, events, EVENTS,
+                           1000 if pump is None else <int>(pump.wait(_now()) * 1000 + 0.999))
             if n < 0 and errno != EINTR:
                 raise OSError(errno, "epoll_wait")
             now = _now()
@@ -91,6 +103,9 @@ cdef class Loop:
                 self._stop(paused, now)
             for i in range(n if n > 0 else 0):
                 fd, ev = events[i].data.fd, events[i].events
+                if fd == self.ufd:
+                    self._udp(pump.readable(now) if ev & (EPOLLIN | EPOLLERR) else pump.flush(now))
+                    continue
                 if fd == self.lfd:
                     if accepting and not paused and not self._accept(now):
                         paused = True  # out of descriptors: leave the backlog until the next tick
@@ -113,8 +128,13 @@ cdef class Loop:
                             c.conn.shutdown(now)
                         c.first = ANSWERED
                 self._flush(c, now)
+            if pump is not None:
+                self._udp(pump.due(now))
             if now >= next_tick:
                 next_tick = now + 1
+                if pump is not None:
+                    pump.ep.tick(now)
+                    self._udp(pump.flush(now))
                 self.app.tick(now)
                 release_maps()
                 if paused and accepting:
@@ -126,8 +146,21 @@ cdef class Loop:
             if deadline is not None and now > deadline:
                 for c in list(conns.values()):
                     self._close(c)
+                if pump is not None:
+                    pump.ep.close()  # connections past the grace: no longer busy
+        if pump is not None:
+            self._forget(self.ufd)
+            pump.sock.close()
+            pump.ep.close()
         self.app.tick(_now())  # last counters and log lines
         c_close(self.ep)
+
+    cdef _udp(self, bint flushed):
+        """Watch the UDP socket for writing too while its sends wait for buffer space."""
+        cdef int want = READ if flushed else READ | WRITE
+        if want != self.uwant:
+            self._watch(self.ufd, want, True)
+            self.uwant = want
 
     cdef _stop(self, bint paused, double now):
         """Stop accepting (what is queued stays for the next generation, or is refused), then
@@ -136,6 +169,9 @@ cdef class Loop:
         if not paused:
             self._forget(self.lfd)
         self.listener.close()
+        if self.pump is not None:
+            self.pump.ep.shutdown(now)
+            self._udp(self.pump.flush(now))
         for c in list(self.conns.values()):
             if c.first:
                 c.first = LATE

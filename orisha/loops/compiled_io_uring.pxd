@@ -74,6 +74,7 @@ cdef extern from "liburing.h" nogil:
     void io_uring_prep_sendmsg(io_uring_sqe *, int, const msghdr *, unsigned int)
     void io_uring_prep_splice(io_uring_sqe *, int, int64_t, int, int64_t, unsigned int, unsigned int)
     void io_uring_prep_close(io_uring_sqe *, int)
+    void io_uring_prep_poll_add(io_uring_sqe *, int, unsigned int)
     void io_uring_prep_shutdown(io_uring_sqe *, int, int)
     void io_uring_prep_cancel_fd(io_uring_sqe *, int, unsigned int)
     void io_uring_prep_cancel64(io_uring_sqe *, uint64_t, int)

@@ -27,6 +27,12 @@ Backpressure: the multishot recv stays armed while the core is writing; data
 that arrives meanwhile (a pipelining client) is kept and the recv is cancelled,
 then both are resumed when the core wants input again, so a connection never
 holds more than one read beyond the core's own limit.
+
+The datagram side (HTTP/3, ``base.py``): a one-shot ring poll on the UDP socket
+(user_data ``UDP``), re-armed after each completion, runs the pure ``udp.Pump``
+(recvfrom batches, GSO sendmsg) — per datagram the work is QUIC's, in Python
+(aioquic), so moving datagrams through ring operations would buy nothing
+measurable. The wait is cut short by the endpoint's timer.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -44,10 +50,12 @@ from liburing.queue cimport io_uring_queue_exit, io_uring_queue_init
 from liburing.queue cimport io_uring_submit, io_uring_submit_and_wait_timeout
 from liburing.time cimport timespec as Timespec
 
+import select as _select
 import socket as _socket
 
 from ..blob import FileRegion, release as release_maps
 from .base import last_accepts
+from .udp import Pump
 
 cdef enum:
     IOV_MAX = 64
@@ -68,6 +76,7 @@ cdef enum:
     SPLICE_IN = 4
     IGNORE = 5
     SHUT = 6
+    UDP = 7               # the datagram side's poll, as the whole user_data
 
 _EXHAUSTED = (EMFILE, ENFILE, ENOBUFS, ENOMEM)
 # False: behave as on a kernel without provided-buffer rings (before 5.19). The tests set
@@ -121,8 +130,12 @@ cdef class Loop:
     cdef io_uring_buf_ring *br
     cdef char *slab
     cdef size_t br_size
+    cdef object pump
+    cdef bint udp_armed, udp_blocked
 
-    def __init__(self, listener, app):
+    def __init__(self, listener, app, datagrams=None):
+        self.pump = Pump(datagrams) if datagrams is not None else None
+        self.udp_armed = self.udp_blocked = False
         self.name = "io-uring"
         self.listener, self.app = listener, app
         self.lfd = listener.fileno()
@@ -332,10 +345,14 @@ cdef class Loop:
         cdef uint64_t ud
         cdef int res
         cdef unsigned int flags
+        cdef object pump = self.pump
         self._arm_accept()
+        self._arm_udp()
         self.stopped, self.paused, self.deadline = False, False, None
         next_tick = _now() + 1
         while True:
+            if pump is not None:
+                ts = Timespec(pump.wait(_now()))
             try:
                 io_uring_submit_and_wait_timeout(self.ring_obj, cqe, 1, ts)
             except OSError:  # ETIME after 1 s, or EINTR (a signal): both just go round
@@ -349,16 +366,25 @@ cdef class Loop:
                     break
                 ud, res, flags = e.user_data, e.res, e.flags
                 io_uring_cqe_seen(self.ring, e)
-                if ud & 7 == ACCEPT:
+                if ud == UDP:
+                    self._udp_ready(res, now)
+                elif ud & 7 == ACCEPT:
                     self._accept_done(res, flags, now)
                 elif ud & 7 != IGNORE:
                     self._done(ud, res, flags, now)
+            if pump is not None:
+                self.udp_blocked = not pump.due(now)
+                self._arm_udp()
             if now >= next_tick:
                 next_tick = now + 1
                 self._tick(now)
-            if self.stopped and not self.conns and not self.accepting:
+            if self.stopped and not self.conns and not self.accepting and not (
+                    pump is not None and pump.ep.busy):
                 io_uring_submit(self.ring_obj)  # the queued closes run at submit
                 break
+        if pump is not None:
+            pump.sock.close()  # an armed poll on it ends with the ring
+            pump.ep.close()
         self.app.tick(_now())  # last counters and log lines
         io_uring_queue_exit(self.ring_obj)
         free(self.slab)
@@ -367,11 +393,30 @@ cdef class Loop:
             munmap(self.br, self.br_size)
             self.br = NULL
 
+    cdef _arm_udp(self):
+        """Poll the UDP socket through the ring: readable, and writable while sends wait."""
+        if self.pump is not None and not self.udp_armed:
+            io_uring_prep_poll_add(self._sqe(UDP), self.pump.fd,
+                                   _select.POLLIN | (_select.POLLOUT if self.udp_blocked else 0))
+            self.udp_armed = True
+
+    cdef _udp_ready(self, int res, double now):
+        self.udp_armed = False
+        if res < 0:  # ECANCELED at the end; anything else: poll again next turn
+            return
+        if res & _select.POLLIN:
+            self.udp_blocked = not self.pump.readable(now)
+        elif res & _select.POLLOUT:
+            self.udp_blocked = not self.pump.flush(now)
+
     cdef _stop(self, double now):
         """Stop accepting; every connection finishes what it is sending within the grace,
         except the late ones, which first answer the request on its way (base.py)."""
         cdef _Conn c
         self.stopped, self.deadline = True, now + self.app.limits.grace
+        if self.pump is not None:
+            self.pump.ep.shutdown(now)
+            self.udp_blocked = not self.pump.flush(now)
         if self.accepting:
             io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
         else:
@@ -388,6 +433,11 @@ cdef class Loop:
         cdef _Conn c
         self.app.tick(now)
         release_maps()
+        if self.pump is not None:
+            if self.deadline is not None and now > self.deadline:
+                self.pump.ep.close()  # connections past the grace: no longer busy
+            self.pump.ep.tick(now)
+            self.udp_blocked = not self.pump.flush(now)
         if self.paused and not self.stopped:  # out of descriptors last time: try again now
             self.paused = False
             self._arm_accept()

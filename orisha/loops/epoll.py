@@ -16,8 +16,8 @@ _HUP = select.EPOLLHUP | select.EPOLLERR
 class Loop(ReadinessLoop):
     name = "epoll"
 
-    def __init__(self, listener, app) -> None:
-        super().__init__(listener, app)
+    def __init__(self, listener, app, datagrams=None) -> None:
+        super().__init__(listener, app, datagrams)
         self.ep = select.epoll()
         self.watched: set[int] = set()
 

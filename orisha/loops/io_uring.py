@@ -14,11 +14,18 @@ child in ``orisha/loops/__init__.py``): sendmsg cannot be given iovecs from
 Python, so sends use writev, capped at 60 buffers; provided-buffer rings are
 not reachable, so each connection owns a 16 KiB slot of a preallocated slab;
 user_data 0 is refused, so op tags start at 1.
+
+The datagram side (``base.py``) is readiness through the ring: a one-shot poll
+(IORING_OP_POLL_ADD) on the UDP socket, re-armed after each completion, tells
+when to run the shared ``udp.Pump`` (recvfrom batches, GSO sendmsg) — the
+package cannot hand the kernel a msghdr with a control message, so GSO sends
+are syscalls of their own; the wait is cut short by the endpoint's timer.
 """
 
 from __future__ import annotations
 
 import errno
+import select
 import socket
 import time
 
@@ -26,11 +33,12 @@ import liburing as L
 
 from ..blob import FileRegion, release as release_maps
 from .base import ANSWERED, FRESH, LATE, last_accepts
+from .udp import Pump
 
 RECV = 16384
 IOV_MAX = 60
 SLAB = 64
-ACCEPT, RECV_OP, SEND, IGNORE, SHUT = 1, 2, 3, 4, 5
+ACCEPT, RECV_OP, SEND, IGNORE, SHUT, UDP = 1, 2, 3, 4, 5, 6  # UDP: only as user_data 6 itself
 SHUTTING, SHUT_DONE = 1, 2  # _Conn.shut: a SHUT_WR in flight, then done
 F_MORE, CANCEL_ALL = 2, 1  # IORING_CQE_F_MORE, IORING_ASYNC_CANCEL_ALL (kernel ABI values)
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -50,7 +58,9 @@ class _Conn:
 class Loop:
     name = "io-uring"
 
-    def __init__(self, listener: socket.socket, app) -> None:
+    def __init__(self, listener: socket.socket, app, datagrams=None) -> None:
+        self.pump = Pump(datagrams) if datagrams is not None else None
+        self.udp_armed, self.udp_blocked = False, False
         self.listener = listener
         self.app = app
         self.ring, self.cqe = L.io_uring(), L.io_uring_cqe()
@@ -133,12 +143,15 @@ class Loop:
         self._service(c)
 
     def run(self, stopping) -> None:
-        ring, cqe = self.ring, self.cqe
+        ring, cqe, pump = self.ring, self.cqe, self.pump
         ts = L.timespec(1.0)
         self._arm_accept()
+        self._arm_udp()
         self.stopped, self.paused, self.deadline = False, False, None
         next_tick = time.time() + 1
         while True:
+            if pump:
+                ts = L.timespec(pump.wait(time.time()))
             try:
                 L.io_uring_submit_and_wait_timeout(ring, cqe, 1, ts)
             except OSError:  # the 1 s timeout or EINTR (the package's errno is unreliable here)
@@ -151,21 +164,50 @@ class Loop:
                 L.io_uring_cqe_seen(ring, cqe)
                 if ud & 7 == ACCEPT:
                     self._accept_done(res, flags, now)
+                elif ud == UDP:
+                    self._udp_ready(res, now)
                 else:
                     self._done(ud, res, now)
+            if pump and pump.sock.fileno() >= 0:
+                self.udp_blocked = not pump.due(now)
+                self._arm_udp()
             if now >= next_tick:
                 next_tick = now + 1
                 self._tick(now)
-            if self.stopped and not self.conns and not self.accepting:
+            if self.stopped and not self.conns and not self.accepting and not (
+                    pump and pump.ep.busy):
                 L.io_uring_submit(ring)  # the queued closes run at submit
                 break
+        if pump:
+            pump.sock.close()  # an armed poll on it ends with the ring
+            pump.ep.close()
         self.app.tick(time.time())  # last counters and log lines
         L.io_uring_queue_exit(ring)
+
+    def _arm_udp(self) -> None:
+        """Poll the UDP socket through the ring: readable, and writable while sends wait."""
+        if self.pump and not self.udp_armed:
+            mask = select.POLLIN | (select.POLLOUT if self.udp_blocked else 0)
+            L.io_uring_prep_poll_add(self._sqe(UDP), self.pump.fd, mask)
+            self.udp_armed = True
+
+    def _udp_ready(self, res: int, now: float) -> None:
+        self.udp_armed = False
+        if res < 0:  # ECANCELED at the end; anything else: poll again next turn
+            return
+        pump = self.pump
+        if res & select.POLLIN:
+            self.udp_blocked = not pump.readable(now)
+        elif res & select.POLLOUT:
+            self.udp_blocked = not pump.flush(now)
 
     def _stop(self, now: float) -> None:
         """Stop accepting; every connection finishes what it is sending within the grace,
         except the late ones, which first answer the request on its way (base.py)."""
         self.stopped, self.deadline = True, now + self.app.limits.grace
+        if self.pump:
+            self.pump.ep.shutdown(now)
+            self.udp_blocked = not self.pump.flush(now)
         if self.accepting:
             L.io_uring_prep_cancel64(self._sqe(IGNORE), ACCEPT, 0)
         else:
@@ -181,6 +223,11 @@ class Loop:
     def _tick(self, now: float) -> None:
         self.app.tick(now)
         release_maps()
+        if self.pump:
+            if self.deadline is not None and now > self.deadline:
+                self.pump.ep.close()  # connections past the grace: no longer busy
+            self.pump.ep.tick(now)
+            self.udp_blocked = not self.pump.flush(now)
         if self.paused and not self.stopped:  # out of descriptors last time: try again now
             self.paused = False
             self._arm_accept()

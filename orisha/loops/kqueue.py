@@ -17,8 +17,8 @@ from .readiness import READ, WRITE, ReadinessLoop
 class Loop(ReadinessLoop):
     name = "kqueue"
 
-    def __init__(self, listener, app) -> None:
-        super().__init__(listener, app)
+    def __init__(self, listener, app, datagrams=None) -> None:
+        super().__init__(listener, app, datagrams)
         self.kq = select.kqueue()
         self.wants: dict[int, int] = {}
 

@@ -15,6 +15,10 @@ A connection is watched for reading while the core wants input and for
 writing while output is pending, never both: that is the backpressure. The
 graceful stop follows ``base.py``: the stop flag is read before a turn's events,
 so a listener that is ready in that turn is not accepted from.
+
+The datagram side (``base.py``), when given, is one more watched descriptor: a
+``udp.Pump`` reads and sends, the wait is cut short by the endpoint's timer, and
+the socket is watched for writing too while sends wait for buffer space.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from ..blob import FileRegion, release as release_maps
 from ..core.connection import App
 from .base import ANSWERED, FRESH, LATE
+from .udp import Pump
 
 READ, WRITE = 1, 2
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -38,7 +43,8 @@ _MORE = getattr(socket, "MSG_MORE", 0)
 class ReadinessLoop:
     name = "readiness"
 
-    def __init__(self, listener: socket.socket, app: App) -> None:
+    def __init__(self, listener: socket.socket, app: App, datagrams=None) -> None:
+        self.pump = Pump(datagrams) if datagrams is not None else None
         self.listener = listener
         self.lfd = listener.fileno()
         self.app = app
@@ -60,42 +66,40 @@ class ReadinessLoop:
 
     # -- shared ----------------------------------------------------------------
     def run(self, stopping) -> None:
-        conns, lfd = self.conns, self.lfd
+        conns, lfd, pump = self.conns, self.lfd, self.pump
         self._watch(lfd, READ)
+        ufd = pump.fd if pump else -1
+        if pump:
+            self._watch(ufd, READ)
+            self.udp_want = READ
         accepting, paused, deadline = True, False, None
         next_tick = time.time() + 1
-        while conns or accepting:
-            ready = self._wait(1.0)
+        while conns or accepting or (pump and pump.ep.busy):
+            ready = self._wait(pump.wait(time.time()) if pump else 1.0)
             now = time.time()
             if accepting and stopping():  # before this turn's events (base.py: graceful stop)
                 accepting = False
                 deadline = now + self.app.limits.grace
                 self._stop(paused, now)
             for fd, readable, _ in ready:  # writable or not, a flush is attempted below
+                if fd == ufd:
+                    self._datagrams(pump.readable(now) if readable else pump.flush(now))
+                    continue
                 if fd == lfd:
                     if accepting and not paused and not self._accept(now):
                         paused = True  # out of descriptors: leave the backlog until the next tick
                         self._forget(lfd)
                     continue
                 c = conns.get(fd)
-                if c is None:
-                    continue
-                if readable and c[1].wants_read:
-                    try:
-                        data = c[0].recv(65536)
-                    except BlockingIOError:  # spurious readiness
-                        continue
-                    except OSError:  # ECONNRESET and friends end this connection only
-                        self._close(fd)
-                        continue
-                    c[1].receive(data, now)
-                    if c[5] and c[1].outgoing:  # its first response (see _stop)
-                        if c[5] == LATE:
-                            c[1].shutdown(now)
-                        c[5] = ANSWERED
-                self._flush(fd, c, now)
+                if c is not None:
+                    self._read(fd, c, readable, now)
+            if pump:
+                self._datagrams(pump.due(now))
             if now >= next_tick:
                 next_tick = now + 1
+                if pump:
+                    pump.ep.tick(now)
+                    self._datagrams(pump.flush(now))
                 self.app.tick(now)
                 release_maps()
                 if paused and accepting:
@@ -107,8 +111,38 @@ class ReadinessLoop:
             if deadline is not None and now > deadline:
                 for fd in list(conns):
                     self._close(fd)
+                if pump:
+                    pump.ep.close()  # connections past the grace: no longer busy
+        if pump:
+            self._forget(ufd)
+            pump.sock.close()
+            pump.ep.close()
         self.app.tick(time.time())  # last counters and log lines
         self._done()
+
+    def _read(self, fd: int, c: list, readable: bool, now: float) -> None:
+        """A connection's turn: read if it is readable and the core wants input, then flush."""
+        if readable and c[1].wants_read:
+            try:
+                data = c[0].recv(65536)
+            except BlockingIOError:  # spurious readiness
+                return
+            except OSError:  # ECONNRESET and friends end this connection only
+                self._close(fd)
+                return
+            c[1].receive(data, now)
+            if c[5] and c[1].outgoing:  # its first response (see _stop)
+                if c[5] == LATE:
+                    c[1].shutdown(now)
+                c[5] = ANSWERED
+        self._flush(fd, c, now)
+
+    def _datagrams(self, flushed: bool) -> None:
+        """Watch the UDP socket for writing too while its sends wait for buffer space."""
+        want = READ if flushed else READ | WRITE
+        if want != self.udp_want:
+            self._watch(self.pump.fd, want)
+            self.udp_want = want
 
     def _stop(self, paused: bool, now: float) -> None:
         """Stop accepting (what is queued stays for the next generation, or is refused), then
@@ -116,6 +150,9 @@ class ReadinessLoop:
         if not paused:
             self._forget(self.lfd)
         self.listener.close()
+        if self.pump:
+            self.pump.ep.shutdown(now)
+            self._datagrams(self.pump.flush(now))
         for fd, c in list(self.conns.items()):
             if c[5]:
                 c[5] = LATE

@@ -82,9 +82,19 @@ def block(head: bytes) -> bytes:
     return b"".join(out)
 
 
+_EXTRA = [b""]  # fields every response carries after Date: set once at start-up (advertise)
+
+
 def date_field(http_date: bytes) -> bytes:
-    """The ``date`` field (static name 33) for one second's IMF-fixdate."""
-    return field(b"date", http_date)
+    """The ``date`` field (static name 33) for one second's IMF-fixdate — the per-second
+    part of a block h2.py appends — and the fields ``advertise`` set (Alt-Svc)."""
+    return field(b"date", http_date) + _EXTRA[0]
+
+
+def advertise(name: bytes, value: bytes) -> None:
+    """Add ``name: value`` to every HTTP/2 response of this process, after Date (the server
+    does it before forking its workers: the Alt-Svc of HTTP/3, whose port is known only then)."""
+    _EXTRA[0] = field(name, value)
 
 
 class Blocks:
@@ -109,7 +119,7 @@ class Blocks:
         built = self.sites.get(site)
         if built is None:
             built = {}
-            for v in _variants(site):
+            for v in variants(site):
                 if v.h2:
                     built[v.head] = v.h2
                     built[v.head_304] = v.h2_304
@@ -129,7 +139,7 @@ class Blocks:
         return b
 
 
-def _variants(site):
+def variants(site):
     """Every variant of every document a site can answer with (routes, rules, error pages)."""
     entries = [site.not_found, site.fallback]
     rules = list(site.rules)

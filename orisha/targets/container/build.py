@@ -71,7 +71,10 @@ EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.ta
             "_codecs_cn", "_codecs_hk", "_codecs_iso2022", "_codecs_jp", "_codecs_kr", "_codecs_tw",
             "_decimal", "_pydecimal", "decimal", "xml", "pyexpat", "sqlite3", "_sqlite3",
             "lzma", "_lzma", "bz2", "_bz2", "readline", "curses", "_curses", "multiprocessing",
-            "concurrent", "json.tool", "certifi"]
+            "concurrent", "json.tool", "certifi",
+            # HTTP/3 is not in the container yet (runtime.py serves TCP only): server.py imports
+            # it lazily, and PyInstaller would otherwise freeze aioquic and its cryptography
+            "orisha.protocols.h3", "aioquic", "pylsqpack", "cryptography"]
 # ssl stays for every loop: --tls-cert/TLS_CERT (orisha/protocols/tls.py) works on each of them.
 NOT_ASYNCIO = ["asyncio", "_hashlib", "uvloop"]
 

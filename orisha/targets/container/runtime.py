@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                    http_port=args.http_port, hsts=args.hsts,
                    domains=args.domains or os.environ.get("DOMAINS", "").replace(",", " ").split(),
                    acme_email=args.acme_email, acme_directory=args.acme_directory,
-                   acme_ca=args.acme_ca, state=args.state)
+                   acme_ca=args.acme_ca, state=args.state,
+                   http3=False)  # aioquic is not frozen into the executable (yet): TCP only
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1

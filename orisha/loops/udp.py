@@ -1,0 +1,121 @@
+"""The datagram side of a loop body: reads in batches, GSO sends, the one timer.
+
+Strategy: what ``base.py`` asks of a body for UDP is the same on every platform
+once the socket is readable or writable, so it is written once here and every
+body (epoll, kqueue, io_uring, asyncio and the compiled ones) drives a ``Pump``:
+it watches ``pump.fd``, calls ``readable(now)`` when it is readable, ``flush(now)``
+when it is writable (and watches for writing while that returns False), and waits
+no longer than ``wait(now)``. The endpoint (orisha/protocols/h3.py) decides
+everything else.
+
+Batching where Python allows: Python has no recvmmsg/sendmmsg, so a turn reads up
+to ``BATCH`` datagrams with recvfrom until EAGAIN and hands them over as one batch;
+sends use UDP GSO (Linux ≥ 4.18: one ``sendmsg`` with a ``UDP_SEGMENT`` control
+message carries up to 64 datagrams of one size to one address, and the kernel
+splits them), which is where the per-datagram syscall cost goes away. GSO is
+probed at start-up (``getsockopt``) and dropped for good after a send it refuses
+(EIO from a device without checksum offload, EINVAL): the slices then go one
+``sendto`` each.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import sys
+
+from .base import BATCH
+
+_UDP_SEGMENT = 103  # <linux/udp.h>; Python's socket module has no name for it
+_SOL_UDP = getattr(socket, "SOL_UDP", 17)
+_GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP)
+
+
+def gso_supported(sock: socket.socket) -> bool:
+    """Whether this kernel takes UDP_SEGMENT on ``sock`` (Linux ≥ 4.18)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.getsockopt(_SOL_UDP, _UDP_SEGMENT)
+    except OSError:  # ENOPROTOOPT: an older kernel
+        return False
+    return True
+
+
+class Pump:
+    """Moves datagrams between one UDP socket and its endpoint (``base.py``)."""
+
+    __slots__ = ("sock", "fd", "ep", "gso")
+
+    def __init__(self, datagrams) -> None:
+        self.sock, self.ep = datagrams.sock, datagrams.endpoint
+        self.fd = self.sock.fileno()
+        self.gso = gso_supported(self.sock)
+
+    def readable(self, now: float) -> bool:
+        """Read one batch, hand it over, flush; False when the writes must wait."""
+        recv, batch = self.sock.recvfrom, []
+        for _ in range(BATCH):
+            try:
+                batch.append(recv(65535))
+            except BlockingIOError:  # drained
+                break
+            except ConnectionRefusedError:  # an ICMP error for an earlier send: nothing to read
+                continue
+            except OSError:  # anything else ends the turn; the next readiness retries
+                break
+        if batch:
+            self.ep.receive(batch, now)
+        return self.flush(now)
+
+    def flush(self, now: float) -> bool:
+        """Send what the endpoint has; False when the socket buffer filled first."""
+        out = self.ep.outgoing
+        n = 0
+        for payload, addr, segment in out:
+            try:
+                self._send(payload, addr, segment)
+            except BlockingIOError:  # the socket buffer is full: wait until writable
+                if n:
+                    self.ep.sent(n, now)
+                return False
+            except OSError:  # EMSGSIZE, EHOSTUNREACH, ECONNREFUSED…: a lost datagram
+                pass
+            n += 1
+        if n:
+            self.ep.sent(n, now)
+        return True
+
+    def _send(self, payload, addr, segment: int) -> None:
+        if not segment:
+            self.sock.sendto(payload, addr)
+            return
+        if self.gso:
+            try:
+                self.sock.sendmsg([payload], [(_SOL_UDP, _UDP_SEGMENT, struct.pack("=H", segment))],
+                                  0, addr)
+                return
+            except OSError as e:
+                if e.errno not in _GSO_REFUSED:
+                    raise
+                self.gso = False  # this device or kernel refuses GSO: slices from now on
+        view = memoryview(payload)
+        for i in range(0, len(view), segment):
+            # A full buffer part-way through loses the rest of this group: QUIC recovers it.
+            self.sock.sendto(view[i:i + segment], addr)
+
+    def wait(self, now: float, longest: float = 1.0) -> float:
+        """Seconds a body may wait before ``due`` must run (at most ``longest``)."""
+        t = self.ep.timer
+        if t is None:
+            return longest
+        return min(longest, max(0.0, t - now))
+
+    def due(self, now: float) -> bool:
+        """Run the endpoint's timer if it is due; False when the writes must wait."""
+        t = self.ep.timer
+        if t is not None and now >= t:
+            self.ep.expire(now)
+            return self.flush(now)
+        return True

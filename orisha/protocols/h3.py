@@ -1,0 +1,392 @@
+"""HTTP/3 (RFC 9114) over QUIC (RFC 9000), in front of the HTTP/1.1 core's decisions.
+
+Strategy: aioquic does QUIC — TLS 1.3 inside it, loss recovery, congestion and
+flow control, address validation and the 3x amplification limit before it
+(RFC 9000 §8.1) — sans-I/O: ``receive_datagram``, ``datagrams_to_send``,
+``get_timer``, ``handle_timer``. Its ``H3Connection`` parses what clients send
+(frames, the control and QPACK streams, request field sections, with pylsqpack
+decoding against the client's dynamic table). What a response is, this module
+decides the way ``h2.py`` does, with h2.py's own helper: the request's fields
+become the synthetic HTTP/1.1 head, ``App.plan`` (the same ``answer()`` and memo
+for every protocol) gives the Plan, and the response goes onto the QUIC stream
+as written bytes — a HEADERS frame holding the build's QPACK field section for
+that head (``qpack_blocks.py``: no dynamic table, so the same bytes on every
+connection) plus one Date literal, then one DATA frame whose payload is the
+blob's bytes, fed to the stream as its buffer drains (at most ``_STREAM_AHEAD``
+bytes queued per stream, so a large body never sits in memory whole).
+``H3Connection.send_headers`` is not used: it would encode every section anew.
+
+``Endpoint`` is the datagram side of the loop seam (``orisha/loops/base.py``):
+one per worker, every connection of its UDP socket, demultiplexed by the
+destination connection ID as aioquic's own asyncio server does. Gather, then
+write once: a batch of datagrams is fed to its connections first, then each
+connection touched is asked once for what to send, and runs of equal-sized
+datagrams to one address become one GSO group. Connections are counted in
+``App.open`` with the TCP ones; over ``--max-connections`` a new Initial is
+dropped (the client keeps the TCP connection Alt-Svc came from). Under a flood
+of Initials — more than ``RETRY_ABOVE`` handshakes in progress — a new client
+must first prove its address with a Retry (RFC 9000 §8.1.2): the Retry packet
+and its token are stateless, so spoofed Initials cost a datagram, not a
+connection. Graceful stop:
+GOAWAY on the control stream (§5.2), then CONNECTION_CLOSE with H3_NO_ERROR
+once every response is acknowledged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+
+from aioquic.buffer import Buffer, BufferReadError
+from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, HeadersState, \
+    encode_frame
+from aioquic.h3.events import HeadersReceived
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated, \
+    HandshakeCompleted
+from aioquic.quic.packet import QuicPacketType, encode_quic_retry, \
+    encode_quic_version_negotiation, pull_quic_header
+from aioquic.quic.retry import QuicRetryTokenHandler
+from aioquic.buffer import encode_uint_var
+
+from ..blob import FileRegion
+from ..core.connection import ERRORS, Close, Plan, Tail, log_line
+from ..core.dates import format_http_date
+from ..core.policy import Stat
+from ..errors import ServeError
+from .h2 import _synthetic_head  # the one request → head mapping for HTTP/2 and HTTP/3
+from .qpack_blocks import Sections, date_field
+
+_STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unacknowledged)
+_GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
+_GSO_SEGMENTS = 64         # …and within the kernel's UDP_MAX_SEGMENTS
+RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get a Retry
+_SECTIONS = Sections()
+_date = [-1, b""]  # (second, QPACK date field line)
+
+
+def configuration(cert: str, key: str, idle_timeout: float) -> QuicConfiguration:
+    """A server's QUIC configuration (one per worker generation: a reload reads the files)."""
+    config = QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN, idle_timeout=idle_timeout)
+    try:
+        config.load_cert_chain(cert, key)
+    except (OSError, ValueError) as e:  # unreadable, not PEM, or a key that does not match
+        raise ServeError(f"{cert}, {key}: cannot load them for QUIC ({e})") from None
+    return config
+
+
+def _date_field(now: float) -> bytes:
+    second = int(now)
+    if second != _date[0]:
+        _date[0], _date[1] = second, date_field(format_http_date(second))
+    return _date[1]
+
+
+def _error(status: int) -> Plan:
+    head, body = ERRORS[status]
+    return Plan(head, Tail.KEEP_ALIVE, body, Close.NO, 0, status)
+
+
+class _Conn:
+    """One QUIC connection and what it still has to send."""
+    __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
+                 "counted", "handshaking")
+
+    def __init__(self, quic: QuicConnection, peer: str, seq: int) -> None:
+        self.quic, self.peer, self.seq = quic, peer, seq
+        self.h3 = H3Connection(quic)
+        self.cids: set[bytes] = set()
+        self.pending: dict[int, list] = {}  # stream id → [body view, bytes already queued]
+        self.timer: float | None = None
+        self.goaway = False
+        self.last_sid = -4
+        self.counted = True
+        self.handshaking = True
+
+
+class Endpoint:
+    """Every HTTP/3 connection of one worker: the datagram contract of ``loops/base.py``."""
+
+    def __init__(self, app, config: QuicConfiguration) -> None:
+        self.app, self.config = app, config
+        _SECTIONS.take(app.site)  # the field sections its build encoded (once per site)
+        self.conns: dict[bytes, _Conn] = {}  # connection ID → connection
+        self.live: set[_Conn] = set()
+        self.out: list = []
+        self.heap: list = []  # (deadline, seq, connection), stale entries skipped
+        self.seq = itertools.count()
+        self.stopping = False
+        self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
+        self.retry_above = RETRY_ABOVE
+        self.handshaking = 0
+
+    # -- the loop body's side of the contract ---------------------------------
+    @property
+    def outgoing(self) -> list:
+        return self.out
+
+    def sent(self, n: int, now: float) -> None:
+        del self.out[:n]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live)
+
+    @property
+    def timer(self) -> float | None:
+        heap = self.heap
+        while heap and heap[0][0] != heap[0][2].timer:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def receive(self, batch: list, now: float) -> None:
+        touched: dict[_Conn, None] = {}  # in arrival order, each once
+        for data, addr in batch:
+            c = self._route(data, addr, now)
+            if c is not None:
+                c.quic.receive_datagram(data, addr, now)
+                touched[c] = None
+        for c in touched:
+            self._process(c, now)
+
+    def expire(self, now: float) -> None:
+        heap = self.heap
+        due = []
+        while heap and heap[0][0] <= now:
+            t, _, c = heapq.heappop(heap)
+            if t == c.timer:
+                c.timer = None
+                due.append(c)
+        for c in due:
+            c.quic.handle_timer(now)
+            self._process(c, now)
+
+    def tick(self, now: float) -> None:
+        if self.stopping:
+            for c in list(self.live):
+                self._process(c, now)
+
+    def shutdown(self, now: float) -> None:
+        """GOAWAY on every connection (RFC 9114 §5.2); each closes once drained."""
+        self.stopping = True
+        for c in list(self.live):
+            if c.handshaking:  # no request can have come yet: close now, not at the idle timeout
+                c.quic.close(error_code=ErrorCode.H3_NO_ERROR)
+            else:
+                self._go_away(c)
+            self._process(c, now)
+
+    def close(self) -> None:
+        for c in self.live:
+            if c.counted:
+                self.app.open -= 1
+        self.live.clear()
+        self.handshaking = 0
+        self.conns.clear()
+        self.heap.clear()
+        self.out.clear()
+
+    # -- connections -------------------------------------------------------------
+    def _route(self, data: bytes, addr, now: float) -> _Conn | None:
+        """The connection a datagram belongs to, a new one for a client's first Initial, or
+        None (answered here, or dropped: garbage, an unknown connection)."""
+        try:
+            header = pull_quic_header(Buffer(data=data),
+                                      host_cid_length=self.config.connection_id_length)
+        except (ValueError, BufferReadError):  # not QUIC: dropped
+            return None
+        c = self.conns.get(header.destination_cid)
+        if c is not None:
+            return c
+        if len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
+            return None  # RFC 9000 §14.1: a client's first datagram is padded to 1200 bytes
+        if header.version is not None and header.version not in self.config.supported_versions:
+            if header.packet_type != QuicPacketType.VERSION_NEGOTIATION:  # never answer one
+                self.out.append((encode_quic_version_negotiation(
+                    source_cid=header.destination_cid, destination_cid=header.source_cid,
+                    supported_versions=self.config.supported_versions), addr, 0))
+            return None
+        app = self.app
+        if (header.packet_type != QuicPacketType.INITIAL or self.stopping
+                or app.open >= app.limits.connections):
+            return None
+        original, retried, token = header.destination_cid, None, header.token
+        if token:  # a Retry's token (ours): the address is validated
+            try:
+                original = self.retry.validate_token(
+                    address=addr, destination_cid=header.destination_cid, token=token, now=now)
+                retried = header.destination_cid
+            except ValueError:  # another worker's, expired, or forged: as if it had none
+                token = b""
+        if not token and self.handshaking >= self.retry_above:
+            scid = os.urandom(8)
+            self.out.append((encode_quic_retry(
+                version=header.version, source_cid=scid, destination_cid=header.source_cid,
+                original_destination_cid=header.destination_cid,
+                retry_token=self.retry.create_token(
+                    address=addr, original_destination_connection_id=header.destination_cid,
+                    retry_source_connection_id=scid, now=now)),
+                addr, 0))
+            return None
+        quic = QuicConnection(configuration=self.config,
+                              original_destination_connection_id=original,
+                              retry_source_connection_id=retried)
+        c = _Conn(quic, addr[0], next(self.seq))
+        self.handshaking += 1
+        for cid in (header.destination_cid, quic.host_cid):
+            c.cids.add(cid)
+            self.conns[cid] = c
+        self.live.add(c)
+        app.open += 1
+        app.stats[Stat.CONNECTIONS] += 1
+        return c
+
+    def _process(self, c: _Conn, now: float) -> None:
+        """After input or a timer: handle its events, queue bodies, gather its datagrams."""
+        quic, h3 = c.quic, c.h3
+        event = quic.next_event()
+        ended = False
+        while event is not None:
+            cls = event.__class__
+            if cls is ConnectionIdIssued:
+                c.cids.add(event.connection_id)
+                self.conns[event.connection_id] = c
+            elif cls is ConnectionIdRetired:
+                c.cids.discard(event.connection_id)
+                self.conns.pop(event.connection_id, None)
+            elif cls is ConnectionTerminated:
+                ended = True
+            elif cls is HandshakeCompleted and c.handshaking:
+                c.handshaking = False
+                self.handshaking -= 1
+            else:
+                for h in h3.handle_event(event):
+                    if h.__class__ is HeadersReceived:
+                        self._request(c, h, now)
+            event = quic.next_event()
+        if c.pending:
+            self._feed(c)
+        if c.goaway and not c.pending and not quic._close_pending and _drained(quic):
+            quic.close(error_code=ErrorCode.H3_NO_ERROR)  # §5.2: every response delivered
+        self._gather(c, quic.datagrams_to_send(now))
+        if ended:
+            self._forget(c)
+            return
+        t = quic.get_timer()
+        if t != c.timer:
+            c.timer = t
+            if t is not None:
+                heap = self.heap
+                heapq.heappush(heap, (t, c.seq, c))
+                if len(heap) > 4 * len(self.live) + 1024:  # stale entries: keep it bounded
+                    heap[:] = [e for e in heap if e[0] == e[2].timer]
+                    heapq.heapify(heap)
+
+    def _forget(self, c: _Conn) -> None:
+        for cid in c.cids:
+            if self.conns.get(cid) is c:
+                del self.conns[cid]
+        c.timer = None
+        if c.handshaking:
+            c.handshaking = False
+            self.handshaking -= 1
+        if c in self.live:
+            self.live.discard(c)
+            self.app.open -= 1
+            c.counted = False
+
+    def _go_away(self, c: _Conn) -> None:
+        if not c.goaway and c.h3._local_control_stream_id is not None:
+            c.goaway = True
+            # The first request stream we will not answer: one past the last we took.
+            c.quic.send_stream_data(c.h3._local_control_stream_id,
+                                    encode_frame(FrameType.GOAWAY, encode_uint_var(c.last_sid + 4)))
+
+    def _gather(self, c: _Conn, datagrams: list) -> None:
+        """Queue ``datagrams``, runs of one size to one address as GSO groups (base.py)."""
+        out = self.out
+        i, n = 0, len(datagrams)
+        while i < n:
+            data, addr = datagrams[i]
+            size = len(data)
+            j = i + 1
+            while (j < n and j - i < _GSO_SEGMENTS and datagrams[j][1] == addr
+                   and (j - i + 1) * size <= _GSO_BYTES and len(datagrams[j - 1][0]) == size
+                   and len(datagrams[j][0]) <= size):
+                j += 1
+            if j - i == 1:
+                out.append((data, addr, 0))
+            else:
+                out.append((b"".join(d for d, _ in datagrams[i:j]), addr, size))
+            i = j
+
+    # -- requests ---------------------------------------------------------------
+    def _request(self, c: _Conn, h: HeadersReceived, now: float) -> None:
+        sid = h.stream_id
+        stream = c.h3._stream.get(sid)
+        if stream is not None and stream.headers_recv_state == HeadersState.AFTER_TRAILERS:
+            return  # trailers of a request already answered: nothing to do
+        if c.goaway and sid > c.last_sid:
+            c.quic.reset_stream(sid, ErrorCode.H3_REQUEST_REJECTED)  # §5.2: after our GOAWAY
+            return
+        c.last_sid = max(c.last_sid, sid)
+        head, line = _synthetic_head(h.headers)
+        app = self.app
+        if head is None:  # malformed (RFC 9114 §4.1.2): a stream error
+            c.quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
+            return
+        if len(head) > app.limits.head:
+            plan = _error(431)
+        else:
+            plan = app.plans.get(head)
+            if plan is None:
+                plan = app.plan(head)
+        self._respond(c, sid, plan, line[:-8] + b"HTTP/3.0", now)
+        if not h.stream_ended:  # §4.1: answered before the request ended; it need not go on
+            c.quic.stop_stream(sid, ErrorCode.H3_NO_ERROR)
+
+    def _respond(self, c: _Conn, sid: int, plan, line: bytes, now: float) -> None:
+        head, _, body, _, _, status = plan
+        app = self.app
+        stats = app.stats
+        stats[Stat.REQUESTS] += 1
+        stats[Stat.RESPONSE_BYTES] += len(body)
+        if status >= 400:
+            stats[Stat.ERROR[status]] += 1
+        if app.log_lines is not None:
+            app.log_lines.append(log_line(c.peer, now, line, status, len(body)))
+        section = _SECTIONS.get(head) + _date_field(now)
+        frames = encode_frame(FrameType.HEADERS, section)
+        if not body:
+            c.quic.send_stream_data(sid, frames, True)
+            return
+        view = body.view if body.__class__ is FileRegion else memoryview(body)
+        c.quic.send_stream_data(sid, frames + encode_uint_var(FrameType.DATA)
+                                + encode_uint_var(len(view)))
+        c.pending[sid] = [view, 0]
+
+    def _feed(self, c: _Conn) -> None:
+        """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""
+        streams = c.quic._streams
+        for sid, p in list(c.pending.items()):
+            stream = streams.get(sid)
+            if stream is None or stream.sender._reset_error_code is not None:
+                del c.pending[sid]  # reset by the peer (STOP_SENDING) or gone
+                continue
+            view, pos = p
+            room = _STREAM_AHEAD - len(stream.sender._buffer)
+            if room <= 0:
+                continue
+            end = min(len(view), pos + room)
+            c.quic.send_stream_data(sid, bytes(view[pos:end]), end == len(view))
+            if end == len(view):
+                del c.pending[sid]
+            else:
+                p[1] = end
+
+
+def _drained(quic: QuicConnection) -> bool:
+    """Every stream's sent data acknowledged (what a GOAWAY waits for before the close)."""
+    return all(s.sender.buffer_is_empty for s in quic._streams.values())

@@ -1,0 +1,535 @@
+"""HTTP/3 over QUIC on every hosted loop: the same answers as HTTP/1.1, the build's QPACK
+bytes on the wire, Alt-Svc, --no-http3, random datagrams.
+
+Servers run ``orisha serve --tls-cert --tls-key`` (HTTP/3 on by default on the same port
+number over UDP); the client is aioquic's own (``aioquic.asyncio.client.connect`` and
+``H3Connection``) over real loopback UDP, with the test CA of tests/tlsutil.py. Test ids
+carry the loop name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+
+import pytest
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import TEST_LIMITS
+from httpraw import Conn
+from tlsutil import client_context, pki, serve, tls_connect  # noqa: F401  (pki: a fixture)
+
+HOSTED = ["epoll", "io-uring", "kqueue", "asyncio", "epoll-pure", "io-uring-pure"]
+_servers: dict = {}
+
+
+class _Recorder(H3Connection):
+    """aioquic's H3Connection, keeping every raw field section it decodes. Its client checks
+    a response's Content-Length against its DATA even for HEAD, whose Content-Length is the
+    GET's (RFC 9110 §9.3.2): streams in ``heads`` are not checked."""
+
+    def __init__(self, quic) -> None:
+        super().__init__(quic)
+        self.sections: dict[int, list[bytes]] = {}
+        self.heads: set[int] = set()
+
+    def _check_content_length(self, stream) -> None:
+        if stream.stream_id not in self.heads:
+            super()._check_content_length(stream)
+
+    def _decode_headers(self, stream_id, frame_data):
+        if frame_data is not None:
+            self.sections.setdefault(stream_id, []).append(bytes(frame_data))
+        return super()._decode_headers(stream_id, frame_data)
+
+
+class _Client(QuicConnectionProtocol):
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.h3 = _Recorder(self._quic)
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.got: dict[int, list] = {}
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def quic_event_received(self, event) -> None:
+        if isinstance(event, ConnectionTerminated) and not self.closed.done():
+            self.closed.set_result(event)
+        for e in self.h3.handle_event(event):
+            r = self.got.get(e.stream_id)
+            if r is None:
+                continue
+            if isinstance(e, HeadersReceived):
+                r[0].extend(e.headers)
+            elif isinstance(e, DataReceived):
+                r[1] += e.data
+            if getattr(e, "stream_ended", False) and not self.waiting[e.stream_id].done():
+                self.waiting[e.stream_id].set_result(None)
+
+    async def request(self, path: str, method: str = "GET", headers=()) -> tuple:
+        """(status, {name: value}, body, raw field section) of one request."""
+        sid = self._quic.get_next_available_stream_id()
+        self.got[sid] = [[], bytearray()]
+        self.waiting[sid] = asyncio.get_running_loop().create_future()
+        if method == "HEAD":
+            self.h3.heads.add(sid)
+        self.h3.send_headers(sid, [(b":method", method.encode()), (b":scheme", b"https"),
+                                   (b":authority", b"localhost"), (b":path", path.encode()),
+                                   *[(k.lower().encode(), v.encode()) for k, v in headers]],
+                             end_stream=True)
+        self.transmit()
+        await asyncio.wait_for(self.waiting[sid], 20)
+        fields, body = self.got.pop(sid)
+        d = {}
+        for k, v in fields:
+            d[k.decode()] = v.decode()
+        return int(d.pop(":status")), d, bytes(body), self.h3.sections[sid][0]
+
+
+def h3_get(port: int, ca: str, requests: list) -> list:
+    """Every (path, method, headers) of ``requests`` on one connection, concurrently."""
+    async def run():
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+        config.load_verify_locations(ca)
+        async with connect("127.0.0.1", port, configuration=config, create_protocol=_Client,
+                           wait_connected=True) as client:
+            return await asyncio.gather(*(client.request(*r) for r in requests))
+    return asyncio.run(asyncio.wait_for(run(), 60))
+
+
+@pytest.fixture(scope="module", params=HOSTED)
+def hosted(request):
+    return request.param
+
+
+def h3_server(builds, loop: str, pki, *extra: str):
+    key = (loop, extra)
+    if key not in _servers:
+        env = {**os.environ, "ORISHA_PURE": "1"} if loop.endswith("-pure") else None
+        _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2", *TEST_LIMITS,
+                              "--tls-cert", pki.chain, "--tls-key", pki.key, *extra, env=env)
+    return _servers[key]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_h3_servers():
+    yield
+    for s in _servers.values():
+        s.stop()
+    _servers.clear()
+
+
+# The representative set of test_h2.py's comparison, over h3 (every answer equal to HTTP/1.1's)
+CASES = [
+    ("GET", "/", {}), ("GET", "/", {"accept-encoding": "gzip, br"}),
+    ("GET", "/", {"accept-encoding": "zstd"}), ("HEAD", "/css/site.css", {"accept-encoding": "br"}),
+    ("GET", "/docs", {}), ("GET", "/docs?a=1&b", {}), ("GET", "/nope", {}),
+    ("GET", "/", {"accept-encoding": "identity;q=0"}),
+    ("GET", "/files/big.txt", {"range": "bytes=10-99"}),
+    ("GET", "/files/big.txt", {"range": "bytes=999999999-"}),
+    ("GET", "/files/big.txt", {"range": "bytes=0-9,5000-5009"}),
+    ("GET", "/files/big.txt", {}), ("POST", "/", {}), ("GET", "/%zz", {}),
+    ("GET", "/files/empty.txt", {}), ("GET", "/img/pixel.png", {}),
+    ("HEAD", "/files/big.txt", {"range": "bytes=0-0"}),
+]
+
+
+def http11(port: int, pki, method: str, path: str, headers: dict):
+    """One HTTP/1.1 request over TLS on the same server: (status, headers, body)."""
+    c = Conn.__new__(Conn)
+    c.sock, c.buf = tls_connect(port, client_context(pki, ("http/1.1",))), b""
+    try:
+        r = c.request(path, method=method, headers={"Host": "localhost", **headers})
+        return r.status, dict(r.headers), r.body
+    finally:
+        c.close()
+
+
+def test_h3_answers_equal_http11_on_every_loop(builds, hosted, pki):
+    s = h3_server(builds, hosted, pki)
+    etag = http11(s.port, pki, "GET", "/", {})[1]["etag"]
+    cases = CASES + [("GET", "/", {"if-none-match": etag}),
+                     ("GET", "/", {"if-modified-since": "Fri, 01 Jan 2100 00:00:00 GMT"})]
+    got = h3_get(s.port, pki.ca, [(p, m, list(h.items())) for m, p, h in cases])
+    statuses = []
+    for (method, path, headers), (status, fields, body, _) in zip(cases, got):
+        want_status, want, want_body = http11(s.port, pki, method, path, headers)
+        assert want.pop("alt-svc") == f'h3=":{s.port}"; ma=86400'
+        for h in ("date", "connection"):
+            want.pop(h, None)
+        assert "date" in fields and "connection" not in fields and "alt-svc" not in fields
+        fields.pop("date")
+        assert (status, fields, body) == (want_status, want, want_body), (method, path, headers)
+        statuses.append(status)
+    assert {200, 206, 301, 304, 404, 405, 406, 416} <= set(statuses), statuses
+
+
+def test_many_streams_on_one_connection(builds, hosted, pki):
+    from conftest import demo_file
+    s = h3_server(builds, hosted, pki)
+    paths = ["/", "/css/site.css", "/nope", "/docs/", "/img/pixel.png"] * 20
+    paths[3] = "/files/big.txt"  # 1.2 MB among them: flow control and the fed stream
+    got = h3_get(s.port, pki.ca, [(p, "GET", ()) for p in paths])
+    assert [g[0] for g in got] == [200, 200, 404, 200, 200] * 20
+    assert got[3][2] == demo_file("files/big.txt")
+    assert got[8][2] == demo_file("docs/index.html")
+
+
+def test_the_field_section_on_the_wire_is_the_builds(builds, pki):
+    """What a client decodes is the build's Variant.h3 (or h3_304) + one Date literal."""
+    from orisha.protocols.qpack_blocks import date_field
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    s = h3_server(builds, "epoll", pki)
+    css = site.routes[b"/css/site.css"]
+    br = next(v for v in css.variants if v.coding == b"br")
+    got = h3_get(s.port, pki.ca, [("/css/site.css", "GET", [("accept-encoding", "br")]),
+                                 ("/css/site.css", "GET", [("accept-encoding", "br"),
+                                                           ("if-none-match", br.etag.decode())]),
+                                 ("/", "GET", ())])
+    built = [br.h3, br.h3_304, site.routes[b"/"].identity.h3]
+    assert all(built)
+    for (_, fields, _, section), want in zip(got, built):
+        assert section == want + date_field(fields["date"].encode())
+
+
+def test_every_built_section_decodes_to_its_head(builds):
+    """site.py's sections (qpack_blocks.section of each head) decode, with pylsqpack, to the
+    head's own fields: the static table and literals are right."""
+    from pylsqpack import Decoder
+    from orisha.protocols.hpack_blocks import CONNECTION_FIELDS, variants
+    from orisha.protocols.qpack_blocks import section
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    d = Decoder(0, 0)
+    n = 0
+    for v in variants(site):
+        for head, built in ((v.head, v.h3), (v.head_304, v.h3_304)):
+            assert built == section(head)
+            lines = head.split(b"\r\n")
+            want = [(b":status", lines[0][9:12])] + [
+                (k.strip().lower(), val.strip()) for k, _, val in
+                (line.partition(b":") for line in lines[1:] if line)
+                if k.strip().lower() not in CONNECTION_FIELDS]
+            assert d.feed_header(n, built)[1] == want
+            n += 4
+    assert n > 20
+
+
+def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki):
+    """Nothing re-encodes a built section: the Endpoint, driven in memory by aioquic's own
+    client connection, sends the bytes a loaded site carries."""
+    from aioquic.quic.connection import QuicConnection
+    from orisha.core.connection import App
+    from orisha.protocols import h3
+    from orisha.protocols.qpack_blocks import field
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    v = site.routes[b"/"].identity
+    v.h3 += field(b"x-section", b"from-the-build")
+    ep = h3.Endpoint(App(site), h3.configuration(pki.chain, pki.key, 15))
+    headers, sections, _ = _in_memory(ep, pki)
+    assert headers[b"x-section"] == b"from-the-build"
+    assert sections[0].startswith(v.h3)
+
+
+def _in_memory(ep, pki, path: bytes = b"/"):
+    """aioquic's client connection against ``ep`` with datagrams moved in memory: one GET;
+    (the response's fields, its raw sections, every datagram the endpoint sent)."""
+    from aioquic.quic.connection import QuicConnection
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    config.load_verify_locations(pki.ca)
+    client = QuicConnection(configuration=config)
+    ch3 = _Recorder(client)
+    now = time.time()
+    server_addr, client_addr = ("127.0.0.1", 4433), ("127.0.0.1", 5555)
+    client.connect(server_addr, now)
+    sid, done, sent = None, [], []
+    for _ in range(50):
+        ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(now)], now)
+        for payload, _, seg in ep.outgoing:
+            for i in range(0, len(payload), seg or len(payload)):
+                sent.append(payload[i:i + (seg or len(payload))])
+                client.receive_datagram(sent[-1], server_addr, now)
+        ep.sent(len(ep.outgoing), now)
+        event = client.next_event()
+        while event is not None:
+            if event.__class__.__name__ == "HandshakeCompleted" and sid is None:
+                sid = client.get_next_available_stream_id()
+                ch3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                       (b":authority", b"localhost"), (b":path", path)], True)
+            for e in ch3.handle_event(event):
+                if isinstance(e, HeadersReceived):
+                    done.append(dict(e.headers))
+            event = client.next_event()
+        if done:
+            return done[0], ch3.sections[sid], sent
+    raise AssertionError("no response")
+
+
+def test_under_a_flood_of_handshakes_new_clients_get_a_retry(builds, pki):
+    """Past ``retry_above`` handshakes in progress the first answer is a Retry (stateless:
+    no connection is made for it); the client's second Initial carries the token, and the
+    connection then completes with the validated original connection ID."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import QuicPacketType, pull_quic_header
+    from orisha.core.connection import App
+    from orisha.protocols import h3
+    from orisha.server import load_site
+    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
+    headers, _, sent = _in_memory(ep, pki)
+    assert headers[b":status"] == b"200"
+    first = pull_quic_header(Buffer(data=sent[0]), host_cid_length=8)
+    assert first.packet_type != QuicPacketType.RETRY  # not under load: no Retry
+    ep.retry_above = 0  # as if a flood of Initials were in progress
+    before = len(ep.live)
+    headers, _, sent = _in_memory(ep, pki)
+    assert headers[b":status"] == b"200"
+    assert pull_quic_header(Buffer(data=sent[0]), host_cid_length=8).packet_type == \
+        QuicPacketType.RETRY
+    assert len(ep.live) == before + 1  # the Retry made no connection; the retried one did
+
+
+def test_alt_svc_on_tls_responses_over_h1_and_h2(builds, pki):
+    from h2util import H2Client
+    s = h3_server(builds, "epoll", pki)
+    want = f'h3=":{s.port}"; ma=86400'
+    assert http11(s.port, pki, "GET", "/", {})[1]["alt-svc"] == want
+    assert http11(s.port, pki, "GET", "/nope", {})[1]["alt-svc"] == want
+    client = H2Client(tls_connect(s.port, client_context(pki, ("h2",))))
+    try:
+        got = client.fetch([("GET", "/", {}), ("GET", "/nope", {})])
+    finally:
+        client.close()
+    assert [r.headers.get("alt-svc") for r in got] == [want, want]
+
+
+def _udp_port_taken(port: int) -> bool:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.bind(("127.0.0.1", port))
+    except OSError:
+        return True
+    finally:
+        u.close()
+    return False
+
+
+def test_no_http3_closes_the_udp_port_and_drops_alt_svc(builds, pki):
+    on = h3_server(builds, "epoll", pki)
+    assert _udp_port_taken(on.port)
+    off = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+                "--tls-cert", pki.chain, "--tls-key", pki.key, "--no-http3")
+    try:
+        assert not _udp_port_taken(off.port)
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        u.connect(("127.0.0.1", off.port))
+        u.settimeout(5)
+        u.send(b"\xc0" + os.urandom(1199))  # an Initial-shaped datagram: port unreachable
+        with pytest.raises(ConnectionRefusedError):
+            u.recv(2048)
+        u.close()
+        assert "alt-svc" not in http11(off.port, pki, "GET", "/", {})[1]
+    finally:
+        off.stop()
+
+
+_datagram = st.one_of(
+    st.binary(max_size=1500),
+    st.binary(min_size=1200, max_size=1400).map(lambda b: b"\xc3\x00\x00\x00\x01\x08" + b[6:]),
+    st.binary(min_size=20, max_size=200).map(lambda b: b"\x40" + b),  # short header
+    st.binary(min_size=1200, max_size=1300).map(lambda b: b"\xc0\x1a\x2a\x3a\x4a" + b[5:]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(_datagram, min_size=1, max_size=8))
+def test_random_datagrams_never_kill_a_worker(builds, pki, batch):
+    s = _fuzz_server(builds, pki)
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for d in batch:
+            u.sendto(d, ("127.0.0.1", s.port))
+    finally:
+        u.close()
+
+
+_fuzz: list = []
+
+
+def _fuzz_server(builds, pki):
+    if not _fuzz:
+        _fuzz.append(h3_server(builds, "epoll", pki, "--admin-port", str(_free_port())))
+    return _fuzz[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as t:
+        t.bind(("127.0.0.1", 0))
+        return t.getsockname()[1]
+
+
+def test_after_random_datagrams_the_workers_still_answer_h3(builds, pki):
+    """Runs after the property test: no worker was restarted, and h3 still answers."""
+    import urllib.request
+    s = _fuzz_server(builds, pki)
+    args = s.proc.args
+    admin = int(args[args.index("--admin-port") + 1])
+    for _ in range(4):  # several connections: both workers' sockets get some
+        assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read()
+    assert b"orisha_worker_restarts_total 0" in metrics, metrics
+
+
+@pytest.mark.slow
+def test_chromium_loads_the_demo_site_with_every_response_on_h3(builds, pki, tmp_path):
+    """Headless Chromium, told the origin speaks QUIC, loads pages with their stylesheets and
+    images: nothing failed, and DevTools reports every response of the origin on h3."""
+    from browser import chromium, load_pages
+    from tlsutil import trusting_chromium
+    assert chromium() is not None, "no Chromium (apt-get install chromium; ./dev test does)"
+    s = h3_server(builds, "epoll", pki)
+    origin = f"https://127.0.0.1:{s.port}"
+    wrapper = trusting_chromium(pki.cert, tmp_path)
+    with open(wrapper) as f:
+        script = f.read()
+    with open(wrapper, "w") as f:
+        f.write(script.replace('"$@"', f'--origin-to-force-quic-on=127.0.0.1:{s.port} "$@"'))
+    pages = ["/", "/docs/", "/docs/guide/getting-started"]
+    results = load_pages([origin + p for p in pages], timeout=30, executable=wrapper)
+    seen = {}
+    for r in results:
+        assert r.ok, r.problems
+        seen.update({u: p for u, p in r.protocols.items() if u.startswith(origin)})
+    assert len(seen) > len(pages), seen  # the pages and their assets
+    assert set(seen.values()) == {"h3"}, seen
+
+
+def test_graceful_stop_closes_h3_connections_with_no_error(builds, pki):
+    """SIGTERM: an open HTTP/3 connection gets GOAWAY, then CONNECTION_CLOSE with
+    H3_NO_ERROR (0x100) once its responses are delivered; the server exits 0."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key, "--grace", "5")
+
+    async def run():
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+        config.load_verify_locations(pki.ca)
+        async with connect("127.0.0.1", s.port, configuration=config, create_protocol=_Client,
+                           wait_connected=True) as client:
+            assert (await client.request("/"))[0] == 200
+            s.proc.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(client.closed, 15)
+    try:
+        closed = asyncio.run(run())
+        assert closed.error_code == 0x100, closed
+        assert s.proc.wait(20) == 0
+    finally:
+        s.stop()
+
+
+def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
+    """The endpoint's runs of equal datagrams to one address become one (payload, segment)
+    group, and the Pump sends it with UDP_SEGMENT: the kernel delivers the datagrams apart."""
+    from orisha.core.connection import App
+    from orisha.loops.base import Datagrams
+    from orisha.loops.udp import Pump
+    from orisha.protocols import h3
+    from orisha.server import load_site
+    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(5)
+        tx.setblocking(False)
+        to = rx.getsockname()
+        sizes = [1200] * 5 + [700, 1200, 1200, 300, 500]  # a shorter one ends each group
+        ep._gather(None, [(bytes([i]) * n, to) for i, n in enumerate(sizes)])
+        assert [(len(p), seg) for p, _, seg in ep.outgoing] == [(6700, 1200), (2700, 1200),
+                                                                 (500, 0)]
+        pump = Pump(Datagrams(tx, ep))
+        assert pump.gso  # Linux ≥ 4.18
+        assert pump.flush(time.time()) and not ep.outgoing
+        got = [rx.recv(2048) for _ in sizes]
+        assert [(len(d), d[0]) for d in got] == [(n, i) for i, n in enumerate(sizes)]
+        assert pump.gso  # the kernel took the GSO sends
+    finally:
+        rx.close()
+        tx.close()
+
+
+def _children(pid: int) -> list[str]:
+    """The pids whose parent is ``pid`` (from /proc: no procps needed)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if p.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(p)
+        except OSError:  # exited while listing, or not a process
+            continue
+    return out
+
+
+def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
+    """kill -9 of a worker: the supervisor restarts it on the same UDP socket, and new
+    HTTP/3 connections (the kernel hashes them over both workers' sockets) all succeed."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "2", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
+    try:
+        children = _children(s.proc.pid)
+        assert len(children) == 2, children
+        os.kill(int(children[0]), signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # its replacement (after RESTART_PAUSE if young)
+            now = _children(s.proc.pid)
+            if len(now) == 2 and children[0] not in now:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the killed worker was not restarted")
+        time.sleep(0.5)  # the replacement enters its loop
+        for _ in range(6):  # fresh connections: new source ports, both sockets
+            assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+    finally:
+        s.stop()
+
+
+def test_an_oversized_field_section_gets_431_and_the_connection_goes_on(builds, pki):
+    """A request whose head is over --head-limit gets 431 (as HTTP/1.1 and HTTP/2 do); the
+    same connection then answers the next request."""
+    s = h3_server(builds, "epoll", pki)
+    got = h3_get(s.port, pki.ca, [("/", "GET", [("x-big", "a" * 9000)]), ("/", "GET", ())])
+    assert [g[0] for g in got] == [431, 200]
+
+
+def test_after_a_reload_the_new_generation_serves_h3(builds, pki):
+    """SIGHUP: the new generation's workers take the same UDP sockets; once the old one has
+    drained, fresh HTTP/3 connections are all answered by it."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "2", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key, "--grace", "2")
+    try:
+        assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+        before = set(_children(s.proc.pid))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the old generation drained and exited
+            now = set(_children(s.proc.pid))
+            if len(now) == 2 and not now & before:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the old generation did not hand over")
+        for _ in range(6):
+            assert h3_get(s.port, pki.ca, [("/css/site.css", "GET", ())])[0][0] == 200
+    finally:
+        s.stop()
