@@ -20,6 +20,15 @@ KNOWN_METHODS = (b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"CONNECT", b
 CONNECT = KNOWN_METHODS[5]  # HTTP/2 frames it differently (RFC 9113 §8.5)
 ALLOW = b"GET, HEAD"
 
+# The SPA fallback (``--fallback``) answers navigations only. A request that says
+# (Fetch Metadata, ``Sec-Fetch-Dest``) it is for anything else — a script, a style, an
+# image, a ``fetch()`` (``empty``) — gets the not-found answer, never the HTML shell a
+# browser would run as a script. The navigation destinations of the Fetch standard that
+# load a document into a browsing context: a page, and the page of an iframe or frame
+# (``embed``/``object`` load plugins' data). An absent, empty or repeated field is
+# treated as a navigation: curl, old browsers.
+NAVIGATION_DESTS = (b"document", b"iframe", b"frame")
+
 # Reason phrases of every status the core itself produces (the rest come from the build).
 REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
            304: b"Not Modified", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",

@@ -142,13 +142,19 @@ class Site:
     """The route table, the run-time rules and the documents for unknown paths.
 
     ``boundary``: the multipart/byteranges boundary of this build (RFC 9110 §14.6).
+    ``assets``: with a fallback, the file extensions (lower case, no dot) of the non-HTML
+    types the site serves: an unknown path ending in one is a missing asset, answered
+    not-found rather than with the fallback (connection.unknown); None (``--fallback-all``,
+    or a build made before) gives the fallback to every unknown path.
     """
 
-    __slots__ = ("routes", "not_found", "fallback", "summary", "loop", "rules", "boundary")
+    __slots__ = ("routes", "not_found", "fallback", "summary", "loop", "rules", "boundary",
+                 "assets")
 
     def __init__(self, routes: dict, not_found: Entry, fallback: Entry | None,
                  summary: str, loop: str, rules: tuple = (),
-                 boundary: bytes = b"orisha-byteranges") -> None:
+                 boundary: bytes = b"orisha-byteranges",
+                 assets: frozenset[bytes] | None = None) -> None:
         self.routes = routes
         self.not_found = not_found
         self.fallback = fallback
@@ -156,3 +162,4 @@ class Site:
         self.loop = loop
         self.rules = rules
         self.boundary = boundary
+        self.assets = assets

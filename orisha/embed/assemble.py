@@ -154,3 +154,15 @@ def routes(rels: list[str]) -> dict[bytes, tuple]:
         if rel.endswith(".html") and len(rel) > 5:
             table.setdefault(url_key(rel[:-5]), ("doc", rel))
     return table
+
+
+def asset_extensions(rels: list[str]) -> frozenset[bytes]:
+    """The extensions (lower case, no dot) of the non-HTML files among ``rels``: an unknown
+    path ending in one asks for a missing asset, not a page (``Site.assets``)."""
+    out = set()
+    for rel in rels:
+        name = rel.rpartition("/")[2]
+        ext = name.rpartition(".")[2] if "." in name else ""
+        if ext and not content_type(name).startswith("text/html"):
+            out.add(ext.encode("utf-8", "surrogateescape").lower())  # ASCII only, as the cores
+    return frozenset(out)

@@ -65,7 +65,9 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
           symlinks: str = "follow", headers: list[str] | tuple = (),
           redirects: list[str] | tuple = (), autoindex: bool = False,
-          tls: tuple[str, str] | None = None) -> Result:
+          tls: tuple[str, str] | None = None, fallback_all: bool = False) -> Result:
+    """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
+    (the behaviour before it answered navigations only: ``Site.assets``)."""
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
@@ -102,6 +104,8 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
     compiled = [docs.rule(r) for r in runtime]
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
+    assets = None if fallback is None or fallback_all else assemble.asset_extensions(
+        [f.rel for f in files])
 
     totals = _totals(docs, served)
     summary = (f"{served} files, {totals['identity']} bytes"
@@ -109,10 +113,10 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
-                   {"files": served, "bytes": totals}, compiled)
+                   {"files": served, "bytes": totals}, compiled, assets)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
-            image.write(tmp, docs.used, table, nf, fallback, compiled, tls)
+            image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
 

@@ -51,7 +51,10 @@ def boundary(docs: list[Document]) -> bytes:
 
 def write(out: str, docs: list[Document], table: dict[bytes, tuple],
           not_found: Document, fallback: str | None, loop: str, summary: str,
-          stats: dict, rules: list[CompiledRule] = ()) -> None:
+          stats: dict, rules: list[CompiledRule] = (),
+          assets: frozenset[bytes] | None = None) -> None:
+    """``assets``: the extensions an unknown path must not have to get the fallback
+    (``Site.assets``; None: every unknown path gets it)."""
     lines = [MARKER,
              "from orisha.blob import open_blob",
              "from orisha.core.site import Entry, Redirect, Rule, Rules, Site, Variant as V",
@@ -60,8 +63,9 @@ def write(out: str, docs: list[Document], table: dict[bytes, tuple],
     index, size = _documents(out, docs, not_found, lines)
     _routes(table, rules, index, lines)
     fb = index[fallback] if fallback else "None"
+    exts = "None" if assets is None else f"frozenset({sorted(assets)!r})"
     lines.append(f"SITE = Site(ROUTES, NOT_FOUND, {fb}, {summary!r}, LOOP, SITE_RULES, "
-                 f"{boundary(docs)!r})")
+                 f"{boundary(docs)!r}, {exts})")
     module = os.path.join(out, "site.py")
     with open(module, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
