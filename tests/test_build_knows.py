@@ -154,3 +154,117 @@ def test_the_c_core_chooses_like_the_python_core(builds):
         want = date.sub(b"", exchange(py.port, data))
         got = date.sub(b"", exchange(uk.port, data))
         assert got == want, (i, data, want[:300], got[:300])
+
+
+# -- links checked at build time -------------------------------------------------------
+
+LINKED = {
+    "index.html": """<!doctype html>
+<html><head><link rel="stylesheet" href="/css/a.css"><link rel="icon" href="/nope.ico">
+<link rel="preconnect" href="/not-checked"><link rev="made" href="author@example.org">
+<style>body { background: url('/img/gone.png') }</style></head>
+<body><a href="/docs/">docs</a> <a href="/docs">redirect</a> <a href="/page">page.html</a>
+<a href="page.html#top">frag</a> <a href="#here">here</a> <a href="https://example.org/x">ext</a>
+<a href="mailto:a@b.c">mail</a> <a href="//cdn.example.org/x.js">cdn</a> <a href="data:,x">data</a>
+<a href="/missing">missing</a>
+<img src="/img/ok.png" srcset="/img/ok.png 1x, /img/big.png 2x,/img/ok.png" alt="">
+<p style="background: url(/img/style.png)">x</p>
+<a href="/old">rule</a> <a href="/news/anything">splat</a> <a href="/gone">404 rule</a>
+<a href="/caf%C3%A9.txt">encoded</a> <a href="/café.txt">raw</a> <a href="/bad%zz">bad</a>
+<a href="docs/../page?x=1">dots and query</a>
+</body></html>
+""",
+    "page.html": "<a href=index.html>home</a> <a href=nowhere.html>nowhere</a>\n",
+    "docs/index.html": """<base href="/img/">
+<img src="ok.png"><img src="docs-missing.png">
+""",
+    "css/a.css": """/* url(/in-a-comment.png) */
+@import "b.css";
+@import 'missing.css';
+a { background: url("../img/ok.png") }
+b { background: url(/img/css-missing.png) }
+""",
+    "css/b.css": "",
+    "img/ok.png": "",
+    "café.txt": "x",
+    "_redirects": "/old /page 301\n/news/* /page 302\n/gone /page.html 404\n",
+}
+BROKEN = ["index.html:2: broken link /nope.ico", "index.html:4: broken link /img/gone.png",
+          "index.html:8: broken link /missing", "index.html:9: broken link /img/big.png",
+          "index.html:10: broken link /img/style.png", "index.html:11: broken link /gone",
+          "index.html:12: broken link /bad%zz", "page.html:1: broken link /nowhere.html",
+          "docs/index.html:2: broken link /img/docs-missing.png",
+          "css/a.css:3: broken link /css/missing.css",
+          "css/a.css:5: broken link /img/css-missing.png"]
+
+
+def _linked_site(tmp_path, files=LINKED) -> str:
+    site = tmp_path / "linked"
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    return str(site)
+
+
+def _warnings(stderr: str) -> list[str]:
+    return [ln.removeprefix("orisha: warning: ") for ln in stderr.splitlines()]
+
+
+def test_broken_links_are_one_warning_each_then_a_count(tmp_path):
+    site = _linked_site(tmp_path)
+    r = orisha("build", site, "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    lines = _warnings(r.stderr)
+    assert sorted(lines[:-1]) == sorted(f"{site}/{b}" for b in BROKEN)
+    assert lines[-1] == f"{site}: {len(BROKEN)} broken links"
+    assert (tmp_path / "out" / "site.py").exists()
+
+
+def test_strict_links_is_an_error_and_writes_nothing(tmp_path):
+    site = _linked_site(tmp_path)
+    out = tmp_path / "out"
+    r = orisha("build", site, "-o", str(out), "--strict-links")
+    assert r.returncode == 1 and not out.exists()
+    assert r.stderr.splitlines()[-1] == (f"orisha: error: {site}: {len(BROKEN)} broken links "
+                                         "(--strict-links)")
+    assert len(r.stderr.splitlines()) == len(BROKEN) + 1
+    # an earlier build in OUT stays as it was
+    fixed = dict(LINKED, **{"index.html": "<a href=/page>ok</a>", "page.html": "",
+                            "css/a.css": "", "docs/index.html": ""})
+    good = _linked_site(tmp_path / "good", fixed)
+    r = orisha("build", good, "-o", str(out), "--strict-links")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    before = (out / "site.py").read_bytes()
+    assert orisha("build", site, "-o", str(out), "--strict-links").returncode == 1
+    assert (out / "site.py").read_bytes() == before
+
+
+def test_the_fallback_answers_links_to_pages_not_to_assets(tmp_path):
+    files = {"200.html": "<a href=/app/route>app</a> <script src=/js/gone.js></script>"
+                         "<img src=/img/gone.png>", "js/app.js": "", "index.html": ""}
+    site = _linked_site(tmp_path, files)
+    r = orisha("build", site, "-o", str(tmp_path / "o"), "--fallback", "200.html")
+    assert _warnings(r.stderr) == [f"{site}/200.html:1: broken link /js/gone.js",
+                                   f"{site}: 1 broken link"]  # .png: no PNG in the site
+    r = orisha("build", site, "-o", str(tmp_path / "o"), "--fallback", "200.html", "--fallback-all")
+    assert r.returncode == 0 and r.stderr == ""
+
+
+def test_the_real_sites_have_no_false_positives():
+    """Debian's PostgreSQL (DocBook) and panoramisk (Sphinx) HTML, checked without a build:
+    every file's references against its route table. The one panoramisk link it reports is
+    real: Debian's package ships no py-modindex.html."""
+    from orisha.embed import assemble, links
+    from orisha.embed.walk import walk
+    for root, want in (("/usr/share/doc/postgresql-doc-15/html", []),
+                       ("/usr/share/doc/python-panoramisk-doc/html",
+                        [("index.html", 183, "/py-modindex.html")])):
+        files = walk(root, lambda m: None)
+        table = assemble.routes([f.rel for f in files])
+        routes = links.Routes(table, [], None, False, None)
+        found = []
+        for f in files:
+            with open(f.path, "rb") as fh:
+                base, refs = links.refs(f.rel, fh.read())
+            found += [(f.rel, line, t) for line, t in links.broken(f.rel, base, refs, routes)]
+        assert found == want, found[:20]

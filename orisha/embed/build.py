@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import assemble, compress, emit, rules
+from . import assemble, compress, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
@@ -65,9 +65,11 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
           symlinks: str = "follow", headers: list[str] | tuple = (),
           redirects: list[str] | tuple = (), autoindex: bool = False,
-          tls: tuple[str, str] | None = None, fallback_all: bool = False) -> Result:
+          tls: tuple[str, str] | None = None, fallback_all: bool = False,
+          strict_links: bool = False) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
-    (the behaviour before it answered navigations only: ``Site.assets``)."""
+    (the behaviour before it answered navigations only: ``Site.assets``);
+    ``strict_links``: a broken internal link is an error (nothing is written)."""
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
@@ -91,8 +93,8 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     if not files:
         raise BuildError(f"{site}: the site directory has no files to serve")
     served = len(files)
-    files, datas, encoded = _contents(files, compress.default_cache_dir() if cache == "" else cache,
-                                      progress, autoindex)
+    cache = compress.default_cache_dir() if cache == "" else cache
+    files, datas, encoded = _contents(files, cache, progress, autoindex)
     docs = _Documents(files, datas, encoded, overrides, header_rules)
     if not_found:
         nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
@@ -106,6 +108,9 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
     assets = None if fallback is None or fallback_all else assemble.asset_extensions(
         [f.rel for f in files])
+    _check_links(site, files, datas, cache, links.Routes(resolved, compiled, docs.rule,
+                                                          fallback is not None, assets),
+                 warn, strict_links)
 
     totals = _totals(docs, served)
     summary = (f"{served} files, {totals['identity']} bytes"
@@ -119,6 +124,23 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
             image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
+
+
+def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: str | None,
+                 routes: "links.Routes", warn, strict: bool) -> None:
+    """One warning per internal reference that leads nowhere, then their count; with
+    ``strict`` that is an error, raised before anything is written."""
+    count = 0
+    for f, data in zip(files, datas):
+        base, found = links.cached_refs(f.rel, data, compress.cache_key(data), cache)
+        for line, target in links.broken(f.rel, base, found, routes) if found else ():
+            warn(f"{os.path.join(site, f.rel)}:{line}: broken link {target}")
+            count += 1
+    if count:
+        message = f"{site}: {count} broken link{'s' if count > 1 else ''}"
+        if strict:
+            raise BuildError(message + " (--strict-links)")
+        warn(message)
 
 
 def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoindex: bool):
