@@ -268,3 +268,46 @@ def test_the_real_sites_have_no_false_positives():
                 base, refs = links.refs(f.rel, fh.read())
             found += [(f.rel, line, t) for line, t in links.broken(f.rel, base, refs, routes)]
         assert found == want, found[:20]
+
+
+# -- progress on a terminal ------------------------------------------------------------
+
+SUMMARY = re.compile(r"built \S+: 14 files, 1,208,515 bytes; gzip [\d,]+ \(\d+%\), br [\d,]+ "
+                     r"\(\d+%\), zstd [\d,]+ \(\d+%\) of identity in \d+\.\ds")
+
+
+def test_progress_on_a_terminal_only(tmp_path):
+    """Under a pseudo-terminal the build shows its bars (files, bytes, the estimate); with
+    a pipe it prints the summary line alone, as before."""
+    import os
+    import pty
+    import sys
+    from conftest import ROOT
+    args = [sys.executable, "-m", "orisha.cli", "build", DEMO, "--fallback", "200.html",
+            "--no-cache"]
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([*args, "-o", str(tmp_path / "tty")], stdout=slave,
+                             stderr=subprocess.PIPE, cwd=ROOT)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert p.wait(120) == 0, p.stderr.read()
+        p.stderr.close()
+    finally:
+        os.close(master)
+    text = out.decode()
+    assert "compressing" in text and "checking links" in text
+    assert re.search(r"\d+/\d+ files, \d+\.\d of 1\.\d MB", text), text
+    assert SUMMARY.fullmatch(text.replace("\r", "\n").rstrip().splitlines()[-1].strip()), text
+    r = subprocess.run([*args, "-o", str(tmp_path / "pipe")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stderr == ""
+    assert SUMMARY.fullmatch(r.stdout.removesuffix("\n")), r.stdout

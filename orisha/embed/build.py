@@ -15,6 +15,7 @@ served at two paths that different ``_headers`` blocks match is two entries
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -110,7 +111,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
         [f.rel for f in files])
     _check_links(site, files, datas, cache, links.Routes(resolved, compiled, docs.rule,
                                                           fallback is not None, assets),
-                 warn, strict_links)
+                 warn, strict_links, progress)
 
     totals = _totals(docs, served)
     summary = (f"{served} files, {totals['identity']} bytes"
@@ -127,15 +128,24 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
 
 
 def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: str | None,
-                 routes: "links.Routes", warn, strict: bool) -> None:
+                 routes: "links.Routes", warn, strict: bool, progress: bool) -> None:
     """One warning per internal reference that leads nowhere, then their count; with
     ``strict`` that is an error, raised before anything is written."""
     count = 0
-    for f, data in zip(files, datas):
-        base, found = links.cached_refs(f.rel, data, compress.cache_key(data), cache)
-        for line, target in links.broken(f.rel, base, found, routes) if found else ():
-            warn(f"{os.path.join(site, f.rel)}:{line}: broken link {target}")
-            count += 1
+    broken = []
+    with contextlib.ExitStack() as stack:
+        bar = (stack.enter_context(_Progress("checking links", len(files), sum(map(len, datas))))
+               if progress else None)
+        for f, data in zip(files, datas):
+            base, found = links.cached_refs(f.rel, data, compress.cache_key(data), cache)
+            if found:
+                broken += [(f.rel, line, target)
+                           for line, target in links.broken(f.rel, base, found, routes)]
+            if bar:
+                bar.done(len(data))
+    for rel, line, target in broken:  # after the bar: a warning never splits it
+        warn(f"{os.path.join(site, rel)}:{line}: broken link {target}")
+        count += 1
     if count:
         message = f"{site}: {count} broken link{'s' if count > 1 else ''}"
         if strict:
@@ -265,15 +275,43 @@ def _compress(files: list[SourceFile], datas: list[bytes], cache: str | None,
     todo = [i for i, f in enumerate(files) if datas[i] and compressible(content_type(f.rel))]
     jobs = [(files[i].path, compress.cache_key(datas[i]), len(datas[i])) for i in todo]
     if progress:
-        import click
-        with click.progressbar(length=len(jobs), label="compressing", file=sys.stdout) as bar:
-            results = compress.compress_all(jobs, cache, bar.update)
+        with _Progress("compressing", len(jobs), sum(j[2] for j in jobs)) as bar:
+            results = compress.compress_all(jobs, cache, bar.done)
     else:
         results = compress.compress_all(jobs, cache, lambda n: None)
     encoded: list[dict[str, bytes] | None] = [None] * len(files)
     for i, r in zip(todo, results):
         encoded[i] = r
     return encoded
+
+
+class _Progress:
+    """A terminal's progress bar over files and bytes (click's, with its estimate of the
+    time left): ``compressing  [###---]  40%  00:00:42  312/1065 files, 20.1 of 50.3 MB``.
+    Made only when stdout is a terminal, so logs get the summary line alone."""
+
+    def __init__(self, label: str, files: int, size: int) -> None:
+        import click
+        self.files, self.size, self.n, self.bytes = files, size, 0, 0
+        self.bar = click.progressbar(length=max(size, 1), label=label, file=sys.stdout,
+                                     item_show_func=self._show)
+
+    def _show(self, _item) -> str:
+        return (f"{self.n}/{self.files} files, {self.bytes / 1e6:.1f} of "
+                f"{self.size / 1e6:.1f} MB")
+
+    def done(self, size: int) -> None:
+        """One more file of ``size`` bytes finished."""
+        self.n += 1
+        self.bytes += size
+        self.bar.update(size, self)
+
+    def __enter__(self) -> "_Progress":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
 
 
 def replace_dir(out: str, fill: Callable[[str], None]) -> None:
