@@ -311,3 +311,168 @@ def test_progress_on_a_terminal_only(tmp_path):
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stderr == ""
     assert SUMMARY.fullmatch(r.stdout.removesuffix("\n")), r.stdout
+
+
+# -- Basic auth --------------------------------------------------------------------------
+
+USERS = {"alice": "s3cret", "bob": "pässwörd"}
+CHALLENGE = 'Basic realm="/docs/*", charset="UTF-8"'
+
+
+def _htpasswd(path, *flags: str, users=USERS) -> str:
+    """An htpasswd file made by Apache's htpasswd (bcrypt unless ``flags`` say otherwise)."""
+    first = True
+    for user, password in users.items():
+        subprocess.run(["htpasswd", *(["-c"] if first else []), *(flags or ["-B"]), "-b",
+                        str(path), user, password], check=True, capture_output=True)
+        first = False
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def auth_build(tmp_path_factory):
+    base = tmp_path_factory.mktemp("auth")
+    out = str(base / "out")
+    r = orisha("build", DEMO, "-o", out, "--not-found", "404.html",
+               "--basic-auth", f"/docs/*={_htpasswd(base / 'pw')}")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module", params=["epoll", "io-uring", "kqueue", "asyncio", "epoll-pure",
+                                        "io-uring-pure"])
+def auth_port(request, auth_build):
+    from conftest import PURE
+    loop = request.param
+    env = None
+    if loop in PURE:
+        import os
+        env = {**os.environ, "ORISHA_PURE": "1"}
+    s = Server(auth_build, "--loop", loop.removesuffix("-pure"), "--workers", "1", env=env)
+    try:
+        yield s.port
+    finally:
+        s.stop()
+
+
+def _curl_head(port: int, path: str, *args: str) -> tuple[int, dict, bytes]:
+    r = subprocess.run(["curl", "-sS", "--max-time", "10", "-D", "/dev/stderr", "-o", "-", *args,
+                        f"http://127.0.0.1:{port}{path}"], capture_output=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.decode("utf-8").split("\r\n")
+    fields = {}
+    for ln in lines[1:]:
+        name, sep, value = ln.partition(": ")
+        if sep:
+            fields[name.lower()] = value
+    return int(lines[0].split()[1]), fields, r.stdout
+
+
+def test_basic_auth_over_curl(auth_port):
+    port = auth_port
+    status, h, body = _curl_head(port, "/docs/")
+    assert (status, h["www-authenticate"], body) == (401, CHALLENGE, b"401 Unauthorized\n")
+    for user, password in USERS.items():  # bob's password is UTF-8 (RFC 7617 §2.1)
+        status, h, body = _curl_head(port, "/docs/", "-u", f"{user}:{password}")
+        assert (status, body) == (200, demo_file("docs/index.html"))
+        assert h["cache-control"] == "private, no-cache" and "www-authenticate" not in h
+    assert _curl_head(port, "/docs/", "-u", "alice:wrong")[0] == 401
+    assert _curl_head(port, "/docs/", "-u", "eve:s3cret")[0] == 401
+    assert _curl_head(port, "/docs/", "-H", "Authorization: Bearer x")[0] == 401
+    assert _curl_head(port, "/docs/", "-H", "Authorization: Basic !!!")[0] == 401
+    # every route of the area, its unknown paths too; not the rest of the site
+    assert _curl_head(port, "/docs/guide/getting-started")[0] == 401
+    assert _curl_head(port, "/docs/nope")[0] == 401
+    status, h, body = _curl_head(port, "/docs/nope", "-u", "alice:s3cret")
+    assert (status, body) == (404, demo_file("404.html"))
+    status, h, _ = _curl_head(port, "/css/site.css")
+    assert status == 200 and h["cache-control"] == "public, max-age=3600"
+    out = exchange(port, b"HEAD /docs/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 401 Unauthorized\r\n") and out.endswith(b"\r\n\r\n")
+    assert b"\r\nContent-Length: 17\r\n" in out
+    # HTTP/2 goes through the same answer()
+    assert _curl_head(port, "/docs/", "--http2-prior-knowledge")[0] == 401
+    status, h, _ = _curl_head(port, "/docs/", "--http2-prior-knowledge", "-u", "bob:pässwörd")
+    assert status == 200 and h["cache-control"] == "private, no-cache"
+
+
+def test_a_credential_is_verified_once_per_worker(auth_build, monkeypatch):
+    """bcrypt runs once per Authorization value however many heads carry it (the plan memo
+    aside: every head here is new), and the worker remembers a bounded number of them."""
+    import base64
+
+    import bcrypt
+
+    from orisha.core.connection import App
+    from orisha.core.policy import AUTH_REMEMBERED
+    from orisha.server import load_site
+    calls = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda p, h: calls.append(p) or real(p, h))
+    app = App(load_site(auth_build))
+    token = base64.b64encode(b"alice:s3cret").decode()
+    for i in range(40):
+        head = f"GET /docs/?v={i} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {token}".encode()
+        assert app.plan(head)[5] == 200
+    assert calls == [b"s3cret"]
+    wrong = base64.b64encode(b"alice:nope").decode()
+    for i in range(3):
+        assert app.plan(f"GET /docs/?w={i} HTTP/1.1\r\nHost: x\r\n"
+                        f"Authorization: Basic {wrong}".encode())[5] == 401
+    assert calls == [b"s3cret", b"nope"]  # a wrong password is remembered too
+    area = app.site.routes[b"/docs/"].auth
+    for i in range(AUTH_REMEMBERED + 50):  # unknown users: no bcrypt, but bounded all the same
+        area.allows(b"Basic " + base64.b64encode(b"u%d:x" % i))
+    assert len(area.judged) == AUTH_REMEMBERED
+
+
+def test_a_rule_may_set_cache_control_behind_auth(tmp_path):
+    from orisha.core.connection import App
+    from orisha.server import load_site
+    out = str(tmp_path / "o")
+    r = orisha("build", DEMO, "-o", out, "--basic-auth", f"/*={_htpasswd(tmp_path / 'pw')}",
+               "--cache-control", "css/*=no-store", "--header", "img/*:Cache-Control=max-age=5")
+    assert r.returncode == 0, r.stderr
+    app = App(load_site(out))
+    import base64
+    cred = b"\r\nAuthorization: Basic " + base64.b64encode(b"alice:s3cret")
+    for path, cc in ((b"/css/site.css", b"no-store"), (b"/img/logo.svg", b"max-age=5"),
+                     (b"/files/big.txt", b"private, max-age=3600"),
+                     (b"/js/app.3f2a1b9c.js", b"private, max-age=31536000, immutable")):
+        head = app.plan(b"GET " + path + b" HTTP/1.1\r\nHost: x" + cred)[0]
+        assert b"\r\nCache-Control: " + cc + b"\r\n" in head, (path, head)
+        assert app.plan(b"GET " + path + b" HTTP/1.1\r\nHost: x")[5] == 401
+
+
+@pytest.mark.parametrize("case", ["md5", "sha", "plain", "nouser", "badline", "missing", "syntax",
+                                  "unikernel", "glob"])
+def test_basic_auth_errors_are_one_line(tmp_path, case):
+    out = tmp_path / "o"
+    pw = tmp_path / "pw"
+    opts = ["--basic-auth", f"/docs/*={pw}"]
+    if case in ("md5", "sha", "plain"):
+        _htpasswd(pw, {"md5": "-m", "sha": "-s", "plain": "-p"}[case])
+        want = f"{pw}:1: alice: not a bcrypt hash (make it with htpasswd -B)"
+    elif case == "nouser":
+        pw.write_text("# nobody\n\n")
+        want = f"{pw}: no user in the htpasswd file"
+    elif case == "badline":
+        pw.write_text("alice\n")
+        want = f"{pw}:1: expected user:hash"
+    elif case == "missing":
+        want = f"{pw}: cannot read the htpasswd file (No such file or directory)"
+    elif case == "syntax":
+        opts = ["--basic-auth", "/docs/*"]
+        want = "--basic-auth '/docs/*': expected GLOB=HTPASSWD, e.g. '/private/*=site.htpasswd'"
+    elif case == "glob":
+        _htpasswd(pw)
+        opts = ["--basic-auth", f"docs/*={pw}"]
+        want = f"--basic-auth 'docs/*={pw}': 'docs/*': the pattern must be a URL path starting with /"
+    else:
+        _htpasswd(pw)
+        opts += ["--loop", "unikernel"]
+        want = ("--basic-auth: not with --loop unikernel (the booted image has no bcrypt to "
+                "check passwords); serve the build hosted or as a container")
+    r = orisha("build", DEMO, "-o", str(out), *opts)
+    assert r.returncode == 1 and r.stderr == f"orisha: error: {want}\n", r.stderr
+    assert not out.exists()

@@ -26,12 +26,12 @@ from typing import NamedTuple
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .outgoing import consume
-from .policy import (ALLOW, ERROR_PAGES, KNOWN_METHODS, LINGER, NAVIGATION_DESTS, REASONS,
+from .policy import (ALLOW, AUTH_STATUS, ERROR_PAGES, KNOWN_METHODS, LINGER, NAVIGATION_DESTS, REASONS,
                      SAFE_METHODS, STATS_SLOTS, Limits, Stat)
 from .request import HttpError, cannot_begin, parse_head
 from .matcher import match as match_rules
 from .ranges import multipart, range_set
-from .site import IDENTITY, Entry, Redirect, Rules, Site
+from .site import IDENTITY, Entry, Guarded, Redirect, Rules, Site
 
 
 class Tail:
@@ -389,10 +389,18 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
             return _error_plan(400)
         target = routes.get(key)
         if target is None:
+            if site.auth:  # a --basic-auth area guards its unknown paths too
+                area = next((a for pattern, a in site.auth if pattern.fullmatch(key)), None)
+                if area is not None and not area.allows(fields.get(b"authorization")):
+                    return _unauthorized(area, get, tail, close, discard)
             # _redirects rules with splats or placeholders: only where no route answers.
             target = ((site.rules and match_rules(site.rules, key, req.query, site))
                       or unknown(site, key, fields))
     if target.__class__ is not Entry:
+        if target.__class__ is Guarded:  # behind --basic-auth: credentials first
+            if not target.auth.allows(fields.get(b"authorization")):
+                return _unauthorized(target.auth, get, tail, close, discard)
+            target = target.target
         if target.__class__ is Rules:  # a route whose rules have query conditions
             target = (match_rules(target.rules, key, req.query, site) or target.default
                       or unknown(site, key, fields))
@@ -413,6 +421,11 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes) -> Plan:
         if plan is not None:
             return plan
     return Plan(v.head, tail, v.body if get else b"", close, discard, entry.status)
+
+
+def _unauthorized(auth, get: bool, tail: int, close: int, discard: int) -> Plan:
+    """The 401 challenge of a --basic-auth area (RFC 7617)."""
+    return Plan(auth.head_401, tail, auth.body_401 if get else b"", close, discard, AUTH_STATUS)
 
 
 def unknown(site: Site, key: bytes, fields: dict) -> Entry:

@@ -31,7 +31,8 @@ NAVIGATION_DESTS = (b"document", b"iframe", b"frame")
 
 # Reason phrases of every status the core itself produces (the rest come from the build).
 REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
-           304: b"Not Modified", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
+           304: b"Not Modified", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+           404: b"Not Found",
            405: b"Method Not Allowed", 406: b"Not Acceptable", 408: b"Request Timeout",
            411: b"Length Required", 413: b"Content Too Large", 414: b"URI Too Long",
            416: b"Range Not Satisfiable", 431: b"Request Header Fields Too Large",
@@ -41,6 +42,30 @@ REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
 ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505)
 # After these the request stream cannot be trusted (or the client is gone): close.
 FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
+# Basic authentication (``orisha build --basic-auth GLOB=HTPASSWD``, RFC 7617): without
+# valid credentials a protected path is answered 401 with a challenge naming the realm
+# (its GLOB) and UTF-8 (RFC 7617 §2.1: user-ids and passwords are UTF-8). Passwords are
+# bcrypt hashes only (``htpasswd -B``). A verified Authorization value is remembered per
+# worker, at most AUTH_REMEMBERED of them (least recently used forgotten), so bcrypt's
+# cost is paid once per client, not per request. Responses behind auth carry
+# ``Cache-Control: private`` (RFC 9111 §5.2.2.7: no shared cache may keep them) unless a
+# rule sets Cache-Control.
+AUTH_STATUS = 401
+AUTH_REMEMBERED = 1024
+AUTH_HASHES = ("$2a$", "$2b$", "$2y$")  # bcrypt's prefixes, as htpasswd -B writes $2y$
+AUTH_CACHE_CONTROL = "private"
+
+
+def unauthorized(realm: str) -> tuple[bytes, bytes]:
+    """(head without Date, body) of the 401 for a realm (RFC 7235 §3.1, RFC 7617 §2)."""
+    quoted = realm.replace("\\", "\\\\").replace('"', '\\"')  # a quoted-string
+    body = b"401 Unauthorized\n"
+    head = (b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nWWW-Authenticate: Basic realm=\"%s\", charset=\"UTF-8\"\r\n"
+            b"Cache-Control: no-store\r\n" % (len(body), quoted.encode("utf-8")))
+    return head, body
+
+
 # Seconds a connection whose last response is written keeps draining input before it
 # closes (unless the peer's EOF comes first): closing with unread input sends a reset
 # that can destroy the response before the client has read it (RFC 9112 §9.6).
@@ -49,7 +74,7 @@ LINGER = 2.0
 # Counters a worker keeps, in the order they are published (shared memory, Prometheus).
 # ``open_connections`` is a gauge; the rest count up. Then one counter per error status.
 STATS = ("requests", "response_bytes", "connections", "open_connections")
-ERROR_STATUSES = (400, 404, 405, 406, 408, 411, 413, 414, 416, 431, 501, 503, 505)
+ERROR_STATUSES = (400, 401, 404, 405, 406, 408, 411, 413, 414, 416, 431, 501, 503, 505)
 STATS_SLOTS = len(STATS) + len(ERROR_STATUSES)
 
 

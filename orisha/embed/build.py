@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import assemble, compress, emit, links, rules
+from . import assemble, auth, compress, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
@@ -67,13 +67,18 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           symlinks: str = "follow", headers: list[str] | tuple = (),
           redirects: list[str] | tuple = (), autoindex: bool = False,
           tls: tuple[str, str] | None = None, fallback_all: bool = False,
-          strict_links: bool = False) -> Result:
+          strict_links: bool = False, basic_auth: list[str] | tuple = ()) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
     (the behaviour before it answered navigations only: ``Site.assets``);
-    ``strict_links``: a broken internal link is an error (nothing is written)."""
+    ``strict_links``: a broken internal link is an error (nothing is written);
+    ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py)."""
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
+    if basic_auth and loop == "unikernel":
+        raise BuildError("--basic-auth: not with --loop unikernel (the booted image has no "
+                         "bcrypt to check passwords); serve the build hosted or as a container")
+    areas = [auth.parse_option(v) for v in basic_auth]
     if tls:  # (cert, key) for a kernel that serves TLS: checked before anything is built
         if loop != "unikernel":
             raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
@@ -96,7 +101,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     served = len(files)
     cache = compress.default_cache_dir() if cache == "" else cache
     files, datas, encoded = _contents(files, cache, progress, autoindex)
-    docs = _Documents(files, datas, encoded, overrides, header_rules)
+    docs = _Documents(files, datas, encoded, overrides, header_rules, areas)
     if not_found:
         nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
     else:
@@ -119,7 +124,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
-                   {"files": served, "bytes": totals}, compiled, assets)
+                   {"files": served, "bytes": totals}, compiled, assets, areas)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
             image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
@@ -198,7 +203,8 @@ class _Documents:
     """Documents made on demand, one per (file, status, author headers), with stable ids:
     the file's path for the plain 200 document, ``path NUL n`` for the others."""
 
-    def __init__(self, files, datas, encoded, overrides, header_rules) -> None:
+    def __init__(self, files, datas, encoded, overrides, header_rules, areas=()) -> None:
+        self.areas = list(areas)  # --basic-auth (auth.Area)
         self.files, self.datas, self.encoded = files, datas, encoded
         self.overrides, self.header_rules = overrides, header_rules
         self.index = {f.rel: i for i, f in enumerate(files)}
@@ -211,11 +217,12 @@ class _Documents:
     def headers(self, path: str, rel: str) -> tuple:
         return rules.headers_for(self.header_rules, path, rel)
 
-    def make(self, rel: str, status: str, headers: tuple) -> assemble.Document:
+    def make(self, rel: str, status: str, headers: tuple,
+             private: bool = False) -> assemble.Document:
         i = self.index[rel]
         f = self.files[i]
         return assemble.document(rel, self.datas[i], f.mtime, self.encoded[i], self.overrides,
-                                 status=status, headers=headers)
+                                 status=status, headers=headers, private=private)
 
     def base(self, i: int):
         """The plain document of file ``i`` (200, no author headers)."""
@@ -223,28 +230,33 @@ class _Documents:
             self._base[i] = self.make(self.files[i].rel, "200 OK", ())
         return self._base[i]
 
-    def id(self, rel: str, status: str, headers: tuple) -> str:
-        key = (rel, status, headers)
+    def id(self, rel: str, status: str, headers: tuple, private: bool = False) -> str:
+        key = (rel, status, headers, private)
         if key not in self.ids:
-            plain = status == "200 OK" and not headers
-            doc = self.base(self.index[rel]) if plain else self.make(rel, status, headers)
+            plain = status == "200 OK" and not headers and not private
+            doc = self.base(self.index[rel]) if plain else self.make(rel, status, headers, private)
             doc.rel = rel if plain else f"{rel}\0{len(self.ids)}"
             self.ids[key] = doc.rel
             self.used.append(doc)
         return self.ids[key]
 
-    def route(self, key: bytes, value: tuple) -> tuple:
-        """A resolved route value with its document made: ("doc", id), a redirect or rules."""
+    def route(self, key: bytes, value: tuple, guard: bool = True) -> tuple:
+        """A resolved route value with its document made: ("doc", id), a redirect, rules,
+        or ("auth", (area index, one of those)) behind a --basic-auth area."""
         kind, v = value
+        path = key.decode("utf-8", "surrogateescape")
+        area = auth.area_for(self.areas, path, v if kind in ("doc", "doc404") else None) \
+            if guard and self.areas else None
+        if area is not None:
+            return "auth", (area, self.route(key, value, False))
         if kind == "redirect":
             return value
         if kind == "rules":
             pending, default = v
             return "rules", (tuple(self.rule(r) for r in pending),
-                             None if default is None else self.route(key, default))
-        path = key.decode("utf-8", "surrogateescape")
+                             None if default is None else self.route(key, default, guard))
         status = "404 Not Found" if kind == "doc404" else "200 OK"
-        return "doc", self.id(v, status, self.headers(path, v))
+        return "doc", self.id(v, status, self.headers(path, v), private=not guard)
 
     def rule(self, r) -> "emit.CompiledRule":
         """A rule for the run-time matcher (made once, however many routes refer to it)."""

@@ -89,6 +89,12 @@ def _pattern(src: str, where: str) -> tuple[str, tuple[str, ...]]:
     return "".join(out), tuple(names)
 
 
+def path_regex(src: str, where: str) -> re.Pattern:
+    """A ``_headers``-style path pattern (``/private/*``, ``:name``) compiled over decoded
+    paths (str)."""
+    return re.compile(_pattern(src, where)[0], re.S)
+
+
 def _path(src: str, where: str, what: str) -> str:
     if src.startswith(("http://", "https://")):
         raise BuildError(f"{where}: host-specific {what} {src} are not supported (use a path)")

@@ -30,7 +30,7 @@ from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
 
-from ..core.site import Entry, Rules
+from ..core.site import Entry, Guarded, Rules
 
 _STATIC = HeaderTable.STATIC_TABLE
 _INDEXED: dict[tuple[bytes, bytes], int] = {}
@@ -124,6 +124,8 @@ def _variants(site):
     entries = [site.not_found, site.fallback]
     rules = list(site.rules)
     for target in site.routes.values():
+        if target.__class__ is Guarded:  # behind --basic-auth
+            target = target.target
         if target.__class__ is Entry:
             entries.append(target)
         elif target.__class__ is Rules:  # a route whose rules have query conditions
