@@ -98,6 +98,9 @@ def main() -> None:
               help="Paths matching GLOB (as in _headers: '/private/*') need a user and password "
                    "of HTPASSWD, an Apache htpasswd file of bcrypt entries (htpasswd -B); "
                    "repeatable, first match wins. Not with --loop unikernel.")
+@click.option("--no-early-hints", "no_early_hints", is_flag=True,
+              help="Do not turn a page's stylesheets, head scripts and preloads into a Link "
+                   "field and a 103 Early Hints (sent over HTTP/2).")
 @click.option("--strict-links", is_flag=True,
               help="A broken internal link (href, src, srcset, CSS url() the site does not "
                    "answer) is an error: exit 1, nothing written. By default: one warning each.")
@@ -105,8 +108,8 @@ def main() -> None:
               "allowed) built into the image, which then serves TLS on port 443.")
 @click.option("--tls-key", metavar="FILE", help="With --loop unikernel: PEM private key of --tls-cert.")
 def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_cache, target,
-          symlinks, headers, redirects, autoindex, basic_auth, strict_links, tls_cert,
-          tls_key) -> None:
+          symlinks, headers, redirects, autoindex, basic_auth, no_early_hints, strict_links,
+          tls_cert, tls_key) -> None:
     """Compile SITE into responses in OUT."""
     if fallback_all and not fallback:
         raise click.UsageError("--fallback-all goes with --fallback FILE")
@@ -122,7 +125,7 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
                 cache_control=_cache_controls(cache_control), loop=loop,
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
                 symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex,
-                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth, **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
+                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth, early_hints=not no_early_hints, **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
     click.echo(_summary(r))
 
 

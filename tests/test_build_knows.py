@@ -15,6 +15,7 @@ import subprocess
 import pytest
 from conftest import DEMO, Server, demo_file, orisha
 from httpraw import exchange
+from tlsutil import pki  # noqa: F401  (a fixture)
 
 from orisha.embed.assemble import BUILTIN_404
 
@@ -359,7 +360,8 @@ def _curl_head(port: int, path: str, *args: str) -> tuple[int, dict, bytes]:
     r = subprocess.run(["curl", "-sS", "--max-time", "10", "-D", "/dev/stderr", "-o", "-", *args,
                         f"http://127.0.0.1:{port}{path}"], capture_output=True, timeout=20)
     assert r.returncode == 0, r.stderr
-    lines = r.stderr.decode("utf-8").split("\r\n")
+    # the final head: over h2 a page with early hints has a 103 first
+    lines = r.stderr.decode("utf-8").rstrip("\r\n").split("\r\n\r\n")[-1].split("\r\n")
     fields = {}
     for ln in lines[1:]:
         name, sep, value = ln.partition(": ")
@@ -476,3 +478,117 @@ def test_basic_auth_errors_are_one_line(tmp_path, case):
     r = orisha("build", DEMO, "-o", str(out), *opts)
     assert r.returncode == 1 and r.stderr == f"orisha: error: {want}\n", r.stderr
     assert not out.exists()
+
+
+# -- Early Hints -------------------------------------------------------------------------
+
+def test_pages_carry_their_early_hints_as_link_fields(tmp_path):
+    """Stylesheets and blocking scripts of the head, preloads and modulepreloads the site
+    serves become one Link value; async/defer/module scripts, body scripts, external and
+    missing ones do not. _headers adds to it or detaches it; --no-early-hints omits it."""
+    files = {
+        "index.html": """<!doctype html><html><head>
+<link rel=stylesheet href="css/a.css"><link rel="alternate stylesheet" href="/css/a.css">
+<link rel=stylesheet href="https://cdn.example.org/x.css"><script src="/js/a.js"></script>
+<script src="/js/b.js" defer></script><script src="/js/c.js" async></script>
+<script type=module src="/js/m.js"></script><link rel=modulepreload href="/js/m.js">
+<link rel=preload href="/fonts/f.woff2" as=font crossorigin><link rel=preload href="/gone.js" as=script>
+<link rel=stylesheet href="/css/a.css"></head><body><script src="/js/d.js"></script></body></html>""",
+        "css/a.css": "", "js/a.js": "", "js/b.js": "", "js/c.js": "", "js/d.js": "", "js/m.js": "",
+        "fonts/f.woff2": "", "other.html": "<link rel=stylesheet href=/css/a.css>",
+        "_headers": "/other.html\n  ! Link\n/\n  Link: </extra>; rel=preconnect\n",
+    }
+    site = _linked_site(tmp_path, files)
+    from orisha.core.connection import App
+    from orisha.server import load_site
+    out = str(tmp_path / "o")
+    assert orisha("build", site, "-o", out).returncode == 0
+    app = App(load_site(out))
+    head = app.plan(b"GET / HTTP/1.1\r\nHost: x")[0]
+    assert (b"\r\nLink: </css/a.css>; rel=preload; as=style, </js/a.js>; rel=preload; as=script, "
+            b"</js/m.js>; rel=modulepreload, </fonts/f.woff2>; rel=preload; as=font; crossorigin, "
+            b"</extra>; rel=preconnect\r\n") in head, head
+    assert b"Link:" not in app.plan(b"GET /other.html HTTP/1.1\r\nHost: x")[0]
+    assert b"Link:" not in app.plan(b"GET /css/a.css HTTP/1.1\r\nHost: x")[0]
+    assert orisha("build", site, "-o", out, "--no-early-hints").returncode == 0
+    head = App(load_site(out)).plan(b"GET / HTTP/1.1\r\nHost: x")[0]
+    assert b"\r\nLink: </extra>; rel=preconnect\r\n" in head  # the author's own stays
+
+
+@pytest.mark.parametrize("loop", ["epoll", "io-uring", "kqueue", "asyncio", "epoll-pure",
+                                  "io-uring-pure"])
+def test_a_103_precedes_the_page_on_http2_only(builds, loop):
+    """curl over h2c: the 103 with the page's Link, then its 200; HTTP/1.1 and HTTP/1.0 get
+    the 200 alone (README: why not over HTTP/1.1)."""
+    from tlsutil import tls_server
+    port = tls_server(builds, loop, None).port
+    r = subprocess.run(["curl", "-sS", "-D", "-", "-o", "/dev/null", "--http2-prior-knowledge",
+                        f"http://127.0.0.1:{port}/docs/"], capture_output=True, timeout=20)
+    heads = r.stdout.decode().split("\r\n\r\n")
+    assert heads[0] == "HTTP/2 103 \r\nlink: </css/site.css>; rel=preload; as=style", heads
+    assert heads[1].startswith("HTTP/2 200 \r\n")
+    assert "\r\nlink: </css/site.css>; rel=preload; as=style\r\n" in heads[1]
+    css = subprocess.run(["curl", "-sS", "-D", "-", "-o", "/dev/null", "--http2-prior-knowledge",
+                          f"http://127.0.0.1:{port}/css/site.css"], capture_output=True, timeout=20)
+    assert css.stdout.startswith(b"HTTP/2 200")  # no hints, no 103
+    for version in ("1.1", "1.0"):
+        out = exchange(port, f"GET /docs/ HTTP/{version}\r\nHost: x\r\nConnection: close\r\n\r\n"
+                       .encode())
+        assert out.startswith(f"HTTP/1.1 200 OK\r\n".encode()) and b" 103 " not in out
+        assert b"\r\nLink: </css/site.css>; rel=preload; as=style\r\n" in out
+
+
+def _chromium_network(build: str, pki, tmp_path, path: str) -> list[dict]:
+    """The DevTools Network events of one page load over https/h2 in headless Chromium."""
+    import time
+
+    from browser import _Browser
+    from tlsutil import serve, trusting_chromium
+    s = serve(build, "--loop", "epoll", "--workers", "1", "--tls-cert", pki.chain,
+              "--tls-key", pki.key)
+    try:
+        b = _Browser(trusting_chromium(pki.cert, tmp_path))
+        try:
+            b.call("Target.getTargets", timeout=30)
+            target = b.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            session = b.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            for domain in ("Network", "Page"):
+                b.call(f"{domain}.enable", session=session)
+            b.call("Network.setCacheDisabled", {"cacheDisabled": True}, session=session)
+            b.call("Page.navigate", {"url": f"https://127.0.0.1:{s.port}{path}"}, session=session)
+            events, deadline = [], time.monotonic() + 20
+            while (m := b.wait_event(deadline)) is not None:
+                if m.get("sessionId") == session and m.get("method", "").startswith(("Network.", "Page.load")):
+                    events.append(m)
+                    if m["method"] == "Page.loadEventFired":
+                        deadline = min(deadline, time.monotonic() + 1)
+            return events
+        finally:
+            b.close()
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_chromium_reports_the_early_hints_and_the_preload_they_start(builds, pki, tmp_path):
+    """DevTools: Network.responseReceivedEarlyHints for the page with its Link, and the
+    stylesheet fetched by that preload (initiator "other", before the parser reaches it)
+    over h2; built with --no-early-hints, no hints and the parser fetches it."""
+    def summary(events):
+        hints = [e["params"]["headers"] for e in events
+                 if e["method"] == "Network.responseReceivedEarlyHints"]
+        css = [e["params"] for e in events if e["method"] == "Network.requestWillBeSent"
+               and e["params"]["request"]["url"].endswith("/css/site.css")]
+        got = {e["params"]["requestId"]: e["params"]["response"] for e in events
+               if e["method"] == "Network.responseReceived"}
+        return hints, css, got
+    hints, css, got = summary(_chromium_network(builds["notfound"], pki, tmp_path, "/docs/"))
+    assert hints == [{"link": "</css/site.css>; rel=preload; as=style"}]
+    assert len(css) == 1 and css[0]["initiator"]["type"] == "other", css
+    assert got[css[0]["requestId"]]["status"] == 200
+    assert got[css[0]["requestId"]]["protocol"] == "h2"
+    plain = str(tmp_path / "plain")
+    assert orisha("build", DEMO, "-o", plain, "--not-found", "404.html",
+                  "--no-early-hints").returncode == 0
+    hints, css, got = summary(_chromium_network(plain, pki, tmp_path, "/docs/"))
+    assert hints == [] and len(css) == 1 and css[0]["initiator"]["type"] == "parser", css

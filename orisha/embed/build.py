@@ -67,11 +67,14 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           symlinks: str = "follow", headers: list[str] | tuple = (),
           redirects: list[str] | tuple = (), autoindex: bool = False,
           tls: tuple[str, str] | None = None, fallback_all: bool = False,
-          strict_links: bool = False, basic_auth: list[str] | tuple = ()) -> Result:
+          strict_links: bool = False, basic_auth: list[str] | tuple = (),
+          early_hints: bool = True) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
     (the behaviour before it answered navigations only: ``Site.assets``);
     ``strict_links``: a broken internal link is an error (nothing is written);
-    ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py)."""
+    ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py); ``early_hints``: a
+    page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
+    over HTTP/2: orisha/protocols/hpack_blocks.py)."""
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
@@ -102,21 +105,22 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     cache = compress.default_cache_dir() if cache == "" else cache
     files, datas, encoded = _contents(files, cache, progress, autoindex)
     docs = _Documents(files, datas, encoded, overrides, header_rules, areas)
+    docs.table = assemble.routes([f.rel for f in files])
+    resolved, runtime = rules.resolve(docs.table, redirect_rules)
+    compiled = [docs.rule(r) for r in runtime]
+    assets = None if fallback is None or fallback_all else assemble.asset_extensions(
+        [f.rel for f in files])
+    docs.hints = _check_links(site, files, datas, cache,
+                              links.Routes(resolved, compiled, docs.rule, fallback is not None,
+                                           assets),
+                              warn, strict_links, progress, early_hints)
     if not_found:
         nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
     else:
         nf = assemble.document("404.html", assemble.BUILTIN_404, 0, None, overrides,
                                status="404 Not Found", dated=False)
-    docs.table = assemble.routes([f.rel for f in files])
-    resolved, runtime = rules.resolve(docs.table, redirect_rules)
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
-    compiled = [docs.rule(r) for r in runtime]
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
-    assets = None if fallback is None or fallback_all else assemble.asset_extensions(
-        [f.rel for f in files])
-    _check_links(site, files, datas, cache, links.Routes(resolved, compiled, docs.rule,
-                                                          fallback is not None, assets),
-                 warn, strict_links, progress)
 
     totals = _totals(docs, served)
     summary = (f"{served} files, {totals['identity']} bytes"
@@ -133,19 +137,25 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
 
 
 def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: str | None,
-                 routes: "links.Routes", warn, strict: bool, progress: bool) -> None:
+                 routes: "links.Routes", warn, strict: bool, progress: bool,
+                 early_hints: bool = True) -> dict[str, str]:
     """One warning per internal reference that leads nowhere, then their count; with
-    ``strict`` that is an error, raised before anything is written."""
+    ``strict`` that is an error, raised before anything is written. Returns each page's
+    early hints (its ``Link`` field value, ``links.link_field``) unless not wanted."""
     count = 0
     broken = []
+    hints: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         bar = (stack.enter_context(_Progress("checking links", len(files), sum(map(len, datas))))
                if progress else None)
         for f, data in zip(files, datas):
-            base, found = links.cached_refs(f.rel, data, compress.cache_key(data), cache)
+            base, found, wanted = links.cached_read(f.rel, data, compress.cache_key(data), cache)
             if found:
                 broken += [(f.rel, line, target)
                            for line, target in links.broken(f.rel, base, found, routes)]
+            value = links.link_field(f.rel, base, wanted, routes) if early_hints else None
+            if value:
+                hints[f.rel] = value
             if bar:
                 bar.done(len(data))
     for rel, line, target in broken:  # after the bar: a warning never splits it
@@ -156,6 +166,7 @@ def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: 
         if strict:
             raise BuildError(message + " (--strict-links)")
         warn(message)
+    return hints
 
 
 def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoindex: bool):
@@ -205,6 +216,7 @@ class _Documents:
 
     def __init__(self, files, datas, encoded, overrides, header_rules, areas=()) -> None:
         self.areas = list(areas)  # --basic-auth (auth.Area)
+        self.hints: dict[str, str] = {}  # rel → its early hints' Link value
         self.files, self.datas, self.encoded = files, datas, encoded
         self.overrides, self.header_rules = overrides, header_rules
         self.index = {f.rel: i for i, f in enumerate(files)}
@@ -215,7 +227,11 @@ class _Documents:
         self.table: dict = {}  # the routes of the files alone (assemble.routes)
 
     def headers(self, path: str, rel: str) -> tuple:
-        return rules.headers_for(self.header_rules, path, rel)
+        """The author's fields for a path, after the page's early hints (a ``Link`` that
+        ``_headers`` may add to or remove with ``! Link``)."""
+        hint = self.hints.get(rel)
+        return rules.headers_for(self.header_rules, path, rel,
+                                 (("Link", hint),) if hint else ())
 
     def make(self, rel: str, status: str, headers: tuple,
              private: bool = False) -> assemble.Document:

@@ -21,14 +21,14 @@ import os
 import re
 import tempfile
 from html.parser import HTMLParser
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 from ..core import connection, matcher
 from ..core.negotiate import route_key
 from ..core.site import Redirect, Rule, Rules
 from .mime import content_type
 
-VERSION = "links-2"  # in the cache key: a change of what is extracted invalidates it
+VERSION = "links-3"  # in the cache key: a change of what is extracted invalidates it
 
 # Attributes that name a URL, by attribute (any element): ``href`` (a, area, link, and
 # SVG's use/image), ``src`` (img, script, iframe, source, audio, video, track, embed,
@@ -37,6 +37,9 @@ _URL_ATTRS = frozenset(("href", "xlink:href", "src", "poster", "data"))
 _SRCSET_ATTRS = frozenset(("srcset", "imagesrcset"))
 # <link rel> values whose href names an origin (or a feed elsewhere), not a resource.
 _ORIGIN_RELS = frozenset(("preconnect", "dns-prefetch"))
+# What a URL in a Link field keeps as it is (RFC 3986 reserved and unreserved, "%"; not
+# ">" or "," or a space, which would end the value).
+_URL_SAFE = ":/?#[]@!$&'()*+;=%-._~"
 _CSS_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _CSS_URL = re.compile(r"""url\(\s*(?:"([^"]*)"|'([^']*)'|([^)"'\s]*))\s*\)"""
                       r"""|@import\s+(?:"([^"]*)"|'([^']*)')""", re.I)
@@ -74,16 +77,42 @@ def _srcset(value: str) -> list[str]:
 
 
 class _Page(HTMLParser):
-    """The references of one HTML page, and its first ``<base href>``."""
+    """The references of one HTML page, its first ``<base href>``, and its early hints:
+    (reference, Link parameters) of what its head needs before it can render — a
+    stylesheet (``as=style``), a script without async/defer (``as=script``) — and of what
+    it declares (``<link rel=preload as=…>``, fonts included, ``rel=modulepreload``)."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.refs: list[tuple[int, str]] = []
+        self.hints: list[tuple[str, str]] = []
         self.base: str | None = None
         self._style: int | None = None  # the line where an open <style> started
+        self._head = True               # until <body> or </head>
+
+    def _hint(self, tag: str, a: dict, rels: set) -> None:
+        if tag == "script":
+            if a.get("src") and self._head and "async" not in a and "defer" not in a \
+                    and (a.get("type") or "").lower() != "module":
+                self.hints.append((a["src"], "rel=preload; as=script"))
+            return
+        href = a.get("href")
+        if not href:
+            return
+        cors = "; crossorigin" if "crossorigin" in a else ""
+        if "modulepreload" in rels:
+            self.hints.append((href, "rel=modulepreload" + cors))
+        elif "preload" in rels and a.get("as"):
+            self.hints.append((href, f"rel=preload; as={a['as'].lower()}{cors}"))
+        elif "stylesheet" in rels and self._head and "alternate" not in rels:
+            self.hints.append((href, "rel=preload; as=style" + cors))
 
     def handle_starttag(self, tag, attrs) -> None:
         line = self.getpos()[0]
+        if tag == "body":
+            self._head = False
+        elif tag == "script":
+            self._hint(tag, dict(attrs), set())
         if tag == "base":
             href = dict(attrs).get("href")
             if href is not None and self.base is None:
@@ -91,6 +120,7 @@ class _Page(HTMLParser):
             return
         if tag == "link":
             rels = set((dict(attrs).get("rel") or "").lower().split())
+            self._hint(tag, dict(attrs), rels)
             # No rel (DocBook's <link rev="made" href="list@host">): an obsolete reverse
             # link naming the author, neither fetched nor followed.
             if not rels or rels & _ORIGIN_RELS:
@@ -112,46 +142,54 @@ class _Page(HTMLParser):
     def handle_endtag(self, tag) -> None:
         if tag == "style":
             self._style = None
+        elif tag == "head":
+            self._head = False
 
     def handle_data(self, data) -> None:
         if self._style is not None:
             self.refs += css_refs(data, self.getpos()[0])
 
 
-def refs(rel: str, data: bytes) -> tuple[str | None, list[tuple[int, str]]]:
-    """(base href, [(line, reference)]) of a file: an HTML page or a stylesheet; else none."""
+def read(rel: str, data: bytes):
+    """(base href, [(line, reference)], [(reference, Link parameters)]) of a file: an HTML
+    page or a stylesheet (no hints); nothing for other files."""
     ctype = content_type(rel)
     if ctype.startswith("text/css"):
-        return None, css_refs(data.decode("utf-8", "replace"))
+        return None, css_refs(data.decode("utf-8", "replace")), []
     if not ctype.startswith("text/html"):
-        return None, []
+        return None, [], []
     page = _Page()
     page.feed(data.decode("utf-8", "replace"))
     page.close()
-    return page.base, page.refs
+    return page.base, page.refs, page.hints
 
 
-def cached_refs(rel: str, data: bytes, digest: str, cache: str | None):
-    """``refs``, through the cache (the file's bytes' digest names the entry)."""
+def refs(rel: str, data: bytes) -> tuple[str | None, list[tuple[int, str]]]:
+    """(base href, [(line, reference)]) of a file."""
+    return read(rel, data)[:2]
+
+
+def cached_read(rel: str, data: bytes, digest: str, cache: str | None):
+    """``read``, through the cache (the file's bytes' digest names the entry)."""
     ctype = content_type(rel)
     if not (ctype.startswith("text/html") or ctype.startswith("text/css")):
-        return None, []
+        return None, [], []
     path = os.path.join(cache, f"{digest}.{VERSION}") if cache else None
     if path:
         try:
             with open(path, encoding="utf-8") as f:
-                base, found = json.load(f)
-            return base, [tuple(r) for r in found]
+                base, found, hints = json.load(f)
+            return base, [tuple(r) for r in found], [tuple(h) for h in hints]
         except (OSError, ValueError):  # not cached yet (or a torn file): read the page
             pass
-    base, found = refs(rel, data)
+    base, found, hints = read(rel, data)
     if path:
         os.makedirs(cache, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump([base, found], f)
+            json.dump([base, found, hints], f)
         os.replace(tmp, path)  # atomic: concurrent builds never see half a file
-    return base, found
+    return base, found, hints
 
 
 # What a route answers, for the checker: a page (or a redirect: it leads somewhere) or a 404.
@@ -212,26 +250,62 @@ class Routes:
         return target is _OK or target.__class__ is Redirect
 
 
-def broken(rel: str, base: str | None, found: list[tuple[int, str]],
-           routes: Routes) -> list[tuple[int, str]]:
-    """(line, target) of each internal reference of the file ``rel`` that leads nowhere."""
+def _page_url(rel: str, base: str | None) -> str | None:
+    """The URL a page's relative references resolve against; None: another site's."""
     page = "/" + rel
     if base is not None:
         b = urlsplit(base)
         if b.scheme or b.netloc:
-            return []  # relative references are to another site
+            return None
         page = urljoin(page, base)
+    return page
+
+
+def _internal(page: str, ref: str):
+    """The reference resolved against the page (a SplitResult), or None: nothing to check
+    (a fragment alone, or external: http:, mailto:, data:, javascript:, //host)."""
+    ref = ref.strip()
+    if not ref or ref[0] == "#":
+        return None
+    u = urlsplit(ref)
+    if u.scheme or u.netloc:
+        return None
+    return urlsplit(urljoin(page, ref))
+
+
+def _found(routes: Routes, target) -> bool:
+    return routes.found(target.path.encode("utf-8", "surrogateescape"),
+                        target.query.encode("utf-8", "surrogateescape") if target.query else None)
+
+
+def broken(rel: str, base: str | None, found: list[tuple[int, str]],
+           routes: Routes) -> list[tuple[int, str]]:
+    """(line, target) of each internal reference of the file ``rel`` that leads nowhere."""
+    page = _page_url(rel, base)
     out = []
-    for line, ref in found:
-        ref = ref.strip()
-        if not ref or ref[0] == "#":
-            continue
-        u = urlsplit(ref)
-        if u.scheme or u.netloc:
-            continue  # external (http:, mailto:, data:, javascript:, //host): not fetched
-        target = urlsplit(urljoin(page, ref))
-        path = target.path.encode("utf-8", "surrogateescape")
-        if not routes.found(path, target.query.encode("utf-8", "surrogateescape")
-                            if target.query else None):
+    for line, ref in found if page is not None else ():
+        target = _internal(page, ref)
+        if target is not None and not _found(routes, target):
             out.append((line, target.path + (f"?{target.query}" if target.query else "")))
     return out
+
+
+HINTS_MAX = 16  # Link values per page: a head stays small, and so does its 103
+
+
+def link_field(rel: str, base: str | None, hints: list[tuple[str, str]],
+               routes: Routes) -> str | None:
+    """The ``Link`` field value of a page's early hints that the site itself serves
+    (RFC 8288: ``</css/a.css>; rel=preload; as=style, …``), or None."""
+    page = _page_url(rel, base)
+    values: list[str] = []
+    for ref, params in hints if page is not None else ():
+        target = _internal(page, ref)
+        if target is None or not _found(routes, target):
+            continue
+        url = quote(target.path, safe=_URL_SAFE) + (
+            "?" + quote(target.query, safe=_URL_SAFE) if target.query else "")
+        value = f"<{url}>; {params}"
+        if value not in values:
+            values.append(value)
+    return ", ".join(values[:HINTS_MAX]) or None
