@@ -604,3 +604,19 @@ def test_chromium_reports_the_early_hints_and_the_preload_they_start(builds, pki
                   "--no-early-hints").returncode == 0
     hints, css, got = summary(_chromium_network(plain, pki, tmp_path, "/docs/"))
     assert hints == [] and len(css) == 1 and css[0]["initiator"]["type"] == "parser", css
+
+
+def test_basic_auth_in_the_container(tmp_path):
+    """The frozen executable carries bcrypt: the container checks a password like the loops."""
+    from container_target import start
+    pw = _htpasswd(tmp_path / "pw")
+    c = start(DEMO, ["--not-found", "404.html", "--basic-auth", f"/docs/*={pw}"], [])
+    try:
+        status, h, _ = _curl_head(c.port, "/docs/")
+        assert (status, h["www-authenticate"]) == (401, CHALLENGE)
+        status, h, body = _curl_head(c.port, "/docs/", "-u", "bob:pässwörd")
+        assert (status, body, h["cache-control"]) == (200, demo_file("docs/index.html"),
+                                                      "private, no-cache")
+        assert _curl_head(c.port, "/docs/", "-u", "bob:wrong")[0] == 401
+    finally:
+        c.stop()
