@@ -70,6 +70,10 @@ def main() -> None:
 @click.argument("site", type=click.Path(file_okay=False))
 @click.option("-o", "--out", required=True, type=click.Path(), help="Output directory.")
 @click.option("--fallback", metavar="FILE", help="Document served with 200 for unknown paths (SPA mode).")
+@click.option("--fallback-all", is_flag=True,
+              help="With --fallback: serve it for every unknown path, not only for navigations "
+                   "(by default a missing asset — a path ending in .js, .css, .png… of a type the "
+                   "site serves, or a request whose Sec-Fetch-Dest is not a document — gets 404).")
 @click.option("--not-found", metavar="FILE", help="Document served with 404 for unknown paths.")
 @click.option("--cache-control", "cache_control", multiple=True, metavar="GLOB=VALUE",
               help="Cache-Control for paths matching GLOB (repeatable, first match wins).")
@@ -90,12 +94,25 @@ def main() -> None:
               help="A _redirects rule, as one string (repeatable; before the site's _redirects).")
 @click.option("--autoindex", is_flag=True,
               help="Generate a listing (like nginx's autoindex) for folders without index.html.")
+@click.option("--basic-auth", "basic_auth", multiple=True, metavar="GLOB=HTPASSWD",
+              help="Paths matching GLOB (as in _headers: '/private/*') need a user and password "
+                   "of HTPASSWD, an Apache htpasswd file of bcrypt entries (htpasswd -B); "
+                   "repeatable, first match wins. Not with --loop unikernel.")
+@click.option("--no-early-hints", "no_early_hints", is_flag=True,
+              help="Do not turn a page's stylesheets, head scripts and preloads into a Link "
+                   "field and a 103 Early Hints (sent over HTTP/2).")
+@click.option("--strict-links", is_flag=True,
+              help="A broken internal link (href, src, srcset, CSS url() the site does not "
+                   "answer) is an error: exit 1, nothing written. By default: one warning each.")
 @click.option("--tls-cert", metavar="FILE", help="With --loop unikernel: PEM certificate (chain "
               "allowed) built into the image, which then serves TLS on port 443.")
 @click.option("--tls-key", metavar="FILE", help="With --loop unikernel: PEM private key of --tls-cert.")
-def build(site, out, fallback, not_found, cache_control, loop, no_cache, target, symlinks,
-          headers, redirects, autoindex, tls_cert, tls_key) -> None:
+def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_cache, target,
+          symlinks, headers, redirects, autoindex, basic_auth, no_early_hints, strict_links,
+          tls_cert, tls_key) -> None:
     """Compile SITE into responses in OUT."""
+    if fallback_all and not fallback:
+        raise click.UsageError("--fallback-all goes with --fallback FILE")
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     if tls_cert and target == "container":
@@ -108,7 +125,7 @@ def build(site, out, fallback, not_found, cache_control, loop, no_cache, target,
                 cache_control=_cache_controls(cache_control), loop=loop,
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
                 symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex,
-                **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
+                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth, early_hints=not no_early_hints, **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
     click.echo(_summary(r))
 
 

@@ -339,8 +339,9 @@ def test_memoised_header_blocks_follow_the_dynamic_table(site, path):
     out, _ = raw(site, data)
     from hpack import Decoder
     d = Decoder()
-    codings = [dict(d.decode(p)).get("content-encoding") for t, _, s, p in read_frames(out)
-               if t == HEADERS]
+    blocks = [dict(d.decode(p)) for t, _, s, p in read_frames(out) if t == HEADERS]
+    codings = [b.get("content-encoding") for b in blocks
+               if b.get(":status") != "103"]  # "/" has early hints (issue 23): a 103 first
     assert codings == ["gzip", "gzip", "br", "br"]
 
 

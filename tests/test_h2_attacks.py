@@ -151,11 +151,11 @@ def test_an_oversized_header_list_gets_431_and_the_connection_lives(site):
                 block(extra=[("x-big", "v" * 9000)], enc=enc))
     out, conn = drive(site, big + get(3, enc=enc))
     heads = [f for f in read_frames(out) if f[0] == HEADERS]
-    assert len(heads) == 2 and goaway_code(out) is None
     from hpack import Decoder
     d = Decoder()
-    assert dict(d.decode(heads[0][3]))[":status"] == "431"
-    assert dict(d.decode(heads[1][3]))[":status"] == "200"
+    statuses = [dict(d.decode(h[3]))[":status"] for h in heads]
+    # "/" has early hints (issue 23): its 200 comes after a 103
+    assert statuses == ["431", "103", "200"] and goaway_code(out) is None
 
 
 @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -26,13 +26,13 @@ from typing import NamedTuple
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .outgoing import consume
-from .policy import (ALLOW, ERROR_PAGES, KNOWN_METHODS, LINGER, MISDIRECTED, REASONS,
-                     SAFE_METHODS, STATS_SLOTS, Limits, Stat)
+from .policy import (ALLOW, AUTH_STATUS, ERROR_PAGES, KNOWN_METHODS, LINGER, MISDIRECTED,
+                     NAVIGATION_DESTS, REASONS, SAFE_METHODS, STATS_SLOTS, Limits, Stat)
 from .hosts import Hosts
 from .request import HttpError, cannot_begin, parse_head
 from .matcher import match as match_rules
 from .ranges import multipart, range_set
-from .site import IDENTITY, Entry, Redirect, Rules, Site
+from .site import IDENTITY, Entry, Guarded, Redirect, Rules, Site
 
 
 class Tail:
@@ -431,13 +431,21 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None) ->
             return _error_plan(400)
         target = routes.get(key)
         if target is None:
+            if site.auth:  # a --basic-auth area guards its unknown paths too
+                area = next((a for pattern, a in site.auth if pattern.fullmatch(key)), None)
+                if area is not None and not area.allows(fields.get(b"authorization")):
+                    return _unauthorized(area, get, tail, close, discard)
             # _redirects rules with splats or placeholders: only where no route answers.
             target = ((site.rules and match_rules(site.rules, key, req.query, site))
-                      or site.fallback or site.not_found)
+                      or unknown(site, key, fields))
     if target.__class__ is not Entry:
+        if target.__class__ is Guarded:  # behind --basic-auth: credentials first
+            if not target.auth.allows(fields.get(b"authorization")):
+                return _unauthorized(target.auth, get, tail, close, discard)
+            target = target.target
         if target.__class__ is Rules:  # a route whose rules have query conditions
             target = (match_rules(target.rules, key, req.query, site) or target.default
-                      or site.fallback or site.not_found)
+                      or unknown(site, key, fields))
         if target.__class__ is Redirect:
             q = b"?" + req.query if req.query is not None and target.query else b""
             return Plan(target.location + q + target.tail, tail, b"", close, discard,
@@ -455,6 +463,34 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None) ->
         if plan is not None:
             return plan
     return Plan(v.head, tail, v.body if get else b"", close, discard, entry.status)
+
+
+def _unauthorized(auth, get: bool, tail: int, close: int, discard: int) -> Plan:
+    """The 401 challenge of a --basic-auth area (RFC 7617)."""
+    return Plan(auth.head_401, tail, auth.body_401 if get else b"", close, discard, AUTH_STATUS)
+
+
+def unknown(site: Site, key: bytes, fields: dict) -> Entry:
+    """The document for a path nothing routes (``key``: decoded): the fallback (SPA mode)
+    for a navigation, else the not-found one. Not a navigation: a ``Sec-Fetch-Dest`` that
+    names another destination (policy.NAVIGATION_DESTS), or a last segment whose
+    extension is one of the build's non-HTML types (``Site.assets``) — a missing
+    ``/js/app.3f2a1b9c.js`` gets a 404, not HTML with 200 that a browser would run as a
+    script. Only route-table misses come here: other requests pay nothing for it."""
+    fallback = site.fallback
+    if fallback is None:
+        return site.not_found
+    assets = site.assets
+    if assets is None:  # --fallback-all (or a build made before): every unknown path
+        return fallback
+    dest = fields.get(b"sec-fetch-dest")
+    if dest and dest not in NAVIGATION_DESTS:
+        return site.not_found
+    name = key.rpartition(b"/")[2]
+    dot = name.rfind(b".")
+    if dot >= 0 and name[dot + 1:].lower() in assets:
+        return site.not_found
+    return fallback
 
 
 def _framing(req, limits: Limits):

@@ -20,9 +20,19 @@ KNOWN_METHODS = (b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"CONNECT", b
 CONNECT = KNOWN_METHODS[5]  # HTTP/2 frames it differently (RFC 9113 §8.5)
 ALLOW = b"GET, HEAD"
 
+# The SPA fallback (``--fallback``) answers navigations only. A request that says
+# (Fetch Metadata, ``Sec-Fetch-Dest``) it is for anything else — a script, a style, an
+# image, a ``fetch()`` (``empty``) — gets the not-found answer, never the HTML shell a
+# browser would run as a script. The navigation destinations of the Fetch standard that
+# load a document into a browsing context: a page, and the page of an iframe or frame
+# (``embed``/``object`` load plugins' data). An absent, empty or repeated field is
+# treated as a navigation: curl, old browsers.
+NAVIGATION_DESTS = (b"document", b"iframe", b"frame")
+
 # Reason phrases of every status the core itself produces (the rest come from the build).
 REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
-           304: b"Not Modified", 308: b"Permanent Redirect", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
+           304: b"Not Modified", 308: b"Permanent Redirect", 400: b"Bad Request",
+           401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
            405: b"Method Not Allowed", 406: b"Not Acceptable", 408: b"Request Timeout",
            411: b"Length Required", 413: b"Content Too Large", 414: b"URI Too Long",
            416: b"Range Not Satisfiable", 421: b"Misdirected Request", 431: b"Request Header Fields Too Large",
@@ -40,6 +50,30 @@ ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505)
 MISDIRECTED = 421
 # After these the request stream cannot be trusted (or the client is gone): close.
 FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
+# Basic authentication (``orisha build --basic-auth GLOB=HTPASSWD``, RFC 7617): without
+# valid credentials a protected path is answered 401 with a challenge naming the realm
+# (its GLOB) and UTF-8 (RFC 7617 §2.1: user-ids and passwords are UTF-8). Passwords are
+# bcrypt hashes only (``htpasswd -B``). A verified Authorization value is remembered per
+# worker, at most AUTH_REMEMBERED of them (least recently used forgotten), so bcrypt's
+# cost is paid once per client, not per request. Responses behind auth carry
+# ``Cache-Control: private`` (RFC 9111 §5.2.2.7: no shared cache may keep them) unless a
+# rule sets Cache-Control.
+AUTH_STATUS = 401
+AUTH_REMEMBERED = 1024
+AUTH_HASHES = ("$2a$", "$2b$", "$2y$")  # bcrypt's prefixes, as htpasswd -B writes $2y$
+AUTH_CACHE_CONTROL = "private"
+
+
+def unauthorized(realm: str) -> tuple[bytes, bytes]:
+    """(head without Date, body) of the 401 for a realm (RFC 7235 §3.1, RFC 7617 §2)."""
+    quoted = realm.replace("\\", "\\\\").replace('"', '\\"')  # a quoted-string
+    body = b"401 Unauthorized\n"
+    head = (b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nWWW-Authenticate: Basic realm=\"%s\", charset=\"UTF-8\"\r\n"
+            b"Cache-Control: no-store\r\n" % (len(body), quoted.encode("utf-8")))
+    return head, body
+
+
 # Seconds a connection whose last response is written keeps draining input before it
 # closes (unless the peer's EOF comes first): closing with unread input sends a reset
 # that can destroy the response before the client has read it (RFC 9112 §9.6).
@@ -48,7 +82,7 @@ LINGER = 2.0
 # Counters a worker keeps, in the order they are published (shared memory, Prometheus).
 # ``open_connections`` is a gauge; the rest count up. Then one counter per error status.
 STATS = ("requests", "response_bytes", "connections", "open_connections")
-ERROR_STATUSES = (400, 404, 405, 406, 408, 411, 413, 414, 416, 421, 431, 501, 503, 505)
+ERROR_STATUSES = (400, 401, 404, 405, 406, 408, 411, 413, 414, 416, 421, 431, 501, 503, 505)
 STATS_SLOTS = len(STATS) + len(ERROR_STATUSES)
 
 

@@ -53,7 +53,8 @@ _ABSOLUTE = re.compile(rb"[Hh][Tt][Tt][Pp][Ss]?://[^/?#]*")
 # one value (a repeat makes it invalid, or 400 for Host and differing lengths); a
 # list field's lines are joined with ", " (RFC 9110 §5.3). The C core gets both
 # tuples, in this order, from its generated header.
-SINGLE_FIELDS = (b"host", b"content-length", b"if-modified-since", b"range", b"if-range")
+SINGLE_FIELDS = (b"host", b"content-length", b"if-modified-since", b"range", b"if-range",
+                 b"sec-fetch-dest", b"authorization")
 LIST_FIELDS = (b"connection", b"transfer-encoding", b"accept-encoding", b"if-none-match")
 _SINGLE = frozenset(SINGLE_FIELDS)
 _LIST = frozenset(LIST_FIELDS)

@@ -14,7 +14,10 @@ miss only), and ``Site`` ties the route table and those rules together.
 
 from __future__ import annotations
 
+import binascii
 import re
+
+from .policy import AUTH_REMEMBERED, unauthorized
 
 # Bit per content coding in an Accept-Encoding mask (see core/negotiate.py).
 IDENTITY, GZIP, BR, ZSTD = 1, 2, 4, 8
@@ -141,17 +144,80 @@ class Rules:
         self.default = default
 
 
+class Auth:
+    """One ``--basic-auth`` area (RFC 7617): its realm, users and bcrypt hashes, the 401
+    answered without valid credentials (formatted once, here), and the Authorization
+    values this worker has judged, most recent last (policy.AUTH_REMEMBERED of them)."""
+
+    __slots__ = ("realm", "users", "head_401", "body_401", "judged")
+
+    def __init__(self, realm: str, users: dict[bytes, bytes]) -> None:
+        self.realm = realm
+        self.users = users
+        self.head_401, self.body_401 = unauthorized(realm)
+        self.judged: dict[bytes, bool] = {}
+
+    def allows(self, value: bytes | None) -> bool:
+        """Whether an Authorization field value names a user with its password. bcrypt
+        runs once per value (a hit is moved to the end: least recently used goes first)."""
+        if not value:
+            return False
+        judged = self.judged
+        ok = judged.pop(value, None)
+        if ok is None:
+            ok = self._verify(value)
+            if len(judged) >= AUTH_REMEMBERED:
+                del judged[next(iter(judged))]
+        judged[value] = ok
+        return ok
+
+    def _verify(self, value: bytes) -> bool:
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() != b"basic":  # RFC 7235 §2.1: the scheme is case-insensitive
+            return False
+        try:
+            user, sep, password = binascii.a2b_base64(token.strip(), strict_mode=True).partition(b":")
+        except binascii.Error:  # not base64: no credentials
+            return False
+        hashed = self.users.get(user) if sep else None
+        if hashed is None:
+            return False
+        import bcrypt  # only a worker that serves a protected path loads it
+        # bcrypt reads 72 bytes of a password (htpasswd -B hashed no more); bcrypt>=5
+        # refuses longer ones instead of cutting them.
+        return bcrypt.checkpw(password[:72], hashed)
+
+
+class Guarded:
+    """A route behind Basic auth: ``auth`` decides, then ``target`` answers."""
+
+    __slots__ = ("auth", "target")
+
+    def __init__(self, auth: Auth, target) -> None:
+        self.auth = auth
+        self.target = target
+
+
 class Site:
     """The route table, the run-time rules and the documents for unknown paths.
 
     ``boundary``: the multipart/byteranges boundary of this build (RFC 9110 §14.6).
+    ``assets``: with a fallback, the file extensions (lower case, no dot) of the non-HTML
+    types the site serves: an unknown path ending in one is a missing asset, answered
+    not-found rather than with the fallback (connection.unknown); None (``--fallback-all``,
+    or a build made before) gives the fallback to every unknown path.
+    ``auth``: (path pattern, ``Auth``) of each ``--basic-auth`` area, first match wins,
+    for paths the route table does not have (its own routes are ``Guarded``).
     """
 
-    __slots__ = ("routes", "not_found", "fallback", "summary", "loop", "rules", "boundary")
+    __slots__ = ("routes", "not_found", "fallback", "summary", "loop", "rules", "boundary",
+                 "assets", "auth")
 
     def __init__(self, routes: dict, not_found: Entry, fallback: Entry | None,
                  summary: str, loop: str, rules: tuple = (),
-                 boundary: bytes = b"orisha-byteranges") -> None:
+                 boundary: bytes = b"orisha-byteranges",
+                 assets: frozenset[bytes] | None = None, auth: tuple = ()) -> None:
+        self.auth = tuple((re.compile(pattern, re.S), a) for pattern, a in auth)
         self.routes = routes
         self.not_found = not_found
         self.fallback = fallback
@@ -159,3 +225,4 @@ class Site:
         self.loop = loop
         self.rules = rules
         self.boundary = boundary
+        self.assets = assets

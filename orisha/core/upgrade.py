@@ -22,7 +22,7 @@ import re
 from .connection import App, Plan, error_plan, framing
 from .policy import ACME_CHALLENGE_PREFIX, REASONS, TO_HTTPS
 from .request import HttpError, parse_head
-from .site import Entry, Redirect, Rules
+from .site import Entry, Guarded, Redirect, Rules
 
 # A Host field we put in a Location: a reg-name or IPv4 (RFC 3986 §3.2.2, letters, digits,
 # dots, hyphens) or a bracketed IPv6 literal, then an optional port, which is replaced.
@@ -86,6 +86,8 @@ def hsts(site, seconds: int, encode=None):
     entries, redirects, seen = [site.not_found, site.fallback], [], set()
     rules = list(site.rules)
     for target in site.routes.values():
+        if target.__class__ is Guarded:  # behind --basic-auth: its document gets it too
+            target = target.target
         if target.__class__ is Entry:
             entries.append(target)
         elif target.__class__ is Redirect:

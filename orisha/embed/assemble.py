@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from ..core.dates import format_http_date
+from ..core.policy import AUTH_CACHE_CONTROL
 from .mime import compressible, content_type
 
 HASHED = re.compile(
@@ -72,12 +73,15 @@ _304_FIELDS = ("expires", "content-location")
 
 def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None,
              overrides: list[tuple[str, str]], status: str = "200 OK",
-             headers: tuple[tuple[str, str], ...] = (), dated: bool = True) -> Document:
+             headers: tuple[tuple[str, str], ...] = (), dated: bool = True,
+             private: bool = False) -> Document:
     """Every kept variant of one document with its heads formatted.
 
     ``headers``: the author's fields, merged already (orisha/embed/rules.py); a
     Content-Type or Cache-Control among them replaces the build's, a Vary adds to
     Accept-Encoding. ``dated``: whether the document has a file (Last-Modified).
+    ``private``: served behind --basic-auth: the build's Cache-Control becomes private
+    (policy.AUTH_CACHE_CONTROL) unless --cache-control or an author header sets it.
     """
     ctype = content_type(rel)
     kept = {"identity": data}
@@ -90,6 +94,8 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
         cc = cache_control(rel, ctype, overrides)
     else:
         cc = "no-cache"
+    if private and not any(fnmatch.fnmatchcase(rel, p) for p, _ in overrides):
+        cc = f"{AUTH_CACHE_CONTROL}, {cc.removeprefix('public, ')}"
     author_vary = []
     extra = extra_304 = ""
     for name, value in headers:
@@ -154,3 +160,15 @@ def routes(rels: list[str]) -> dict[bytes, tuple]:
         if rel.endswith(".html") and len(rel) > 5:
             table.setdefault(url_key(rel[:-5]), ("doc", rel))
     return table
+
+
+def asset_extensions(rels: list[str]) -> frozenset[bytes]:
+    """The extensions (lower case, no dot) of the non-HTML files among ``rels``: an unknown
+    path ending in one asks for a missing asset, not a page (``Site.assets``)."""
+    out = set()
+    for rel in rels:
+        name = rel.rpartition("/")[2]
+        ext = name.rpartition(".")[2] if "." in name else ""
+        if ext and not content_type(name).startswith("text/html"):
+            out.add(ext.encode("utf-8", "surrogateescape").lower())  # ASCII only, as the cores
+    return frozenset(out)

@@ -15,6 +15,7 @@ served at two paths that different ``_headers`` blocks match is two entries
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import assemble, compress, emit, rules
+from . import assemble, auth, compress, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
@@ -65,10 +66,22 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
           symlinks: str = "follow", headers: list[str] | tuple = (),
           redirects: list[str] | tuple = (), autoindex: bool = False,
-          tls: tuple[str, str] | None = None) -> Result:
+          tls: tuple[str, str] | None = None, fallback_all: bool = False,
+          strict_links: bool = False, basic_auth: list[str] | tuple = (),
+          early_hints: bool = True) -> Result:
+    """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
+    (the behaviour before it answered navigations only: ``Site.assets``);
+    ``strict_links``: a broken internal link is an error (nothing is written);
+    ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py); ``early_hints``: a
+    page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
+    over HTTP/2: orisha/protocols/hpack_blocks.py)."""
     started = time.monotonic()
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
+    if basic_auth and loop == "unikernel":
+        raise BuildError("--basic-auth: not with --loop unikernel (the booted image has no "
+                         "bcrypt to check passwords); serve the build hosted or as a container")
+    areas = [auth.parse_option(v) for v in basic_auth]
     if tls:  # (cert, key) for a kernel that serves TLS: checked before anything is built
         if loop != "unikernel":
             raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
@@ -89,18 +102,24 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     if not files:
         raise BuildError(f"{site}: the site directory has no files to serve")
     served = len(files)
-    files, datas, encoded = _contents(files, compress.default_cache_dir() if cache == "" else cache,
-                                      progress, autoindex)
-    docs = _Documents(files, datas, encoded, overrides, header_rules)
+    cache = compress.default_cache_dir() if cache == "" else cache
+    files, datas, encoded = _contents(files, cache, progress, autoindex)
+    docs = _Documents(files, datas, encoded, overrides, header_rules, areas)
+    docs.table = assemble.routes([f.rel for f in files])
+    resolved, runtime = rules.resolve(docs.table, redirect_rules)
+    compiled = [docs.rule(r) for r in runtime]
+    assets = None if fallback is None or fallback_all else assemble.asset_extensions(
+        [f.rel for f in files])
+    docs.hints = _check_links(site, files, datas, cache,
+                              links.Routes(resolved, compiled, docs.rule, fallback is not None,
+                                           assets),
+                              warn, strict_links, progress, early_hints)
     if not_found:
         nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
     else:
         nf = assemble.document("404.html", assemble.BUILTIN_404, 0, None, overrides,
                                status="404 Not Found", dated=False)
-    docs.table = assemble.routes([f.rel for f in files])
-    resolved, runtime = rules.resolve(docs.table, redirect_rules)
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
-    compiled = [docs.rule(r) for r in runtime]
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
     totals = _totals(docs, served)
@@ -109,12 +128,45 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
-                   {"files": served, "bytes": totals}, compiled)
+                   {"files": served, "bytes": totals}, compiled, assets, areas)
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
-            image.write(tmp, docs.used, table, nf, fallback, compiled, tls)
+            image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
+
+
+def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: str | None,
+                 routes: "links.Routes", warn, strict: bool, progress: bool,
+                 early_hints: bool = True) -> dict[str, str]:
+    """One warning per internal reference that leads nowhere, then their count; with
+    ``strict`` that is an error, raised before anything is written. Returns each page's
+    early hints (its ``Link`` field value, ``links.link_field``) unless not wanted."""
+    count = 0
+    broken = []
+    hints: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        bar = (stack.enter_context(_Progress("checking links", len(files), sum(map(len, datas))))
+               if progress else None)
+        for f, data in zip(files, datas):
+            base, found, wanted = links.cached_read(f.rel, data, compress.cache_key(data), cache)
+            if found:
+                broken += [(f.rel, line, target)
+                           for line, target in links.broken(f.rel, base, found, routes)]
+            value = links.link_field(f.rel, base, wanted, routes) if early_hints else None
+            if value:
+                hints[f.rel] = value
+            if bar:
+                bar.done(len(data))
+    for rel, line, target in broken:  # after the bar: a warning never splits it
+        warn(f"{os.path.join(site, rel)}:{line}: broken link {target}")
+        count += 1
+    if count:
+        message = f"{site}: {count} broken link{'s' if count > 1 else ''}"
+        if strict:
+            raise BuildError(message + " (--strict-links)")
+        warn(message)
+    return hints
 
 
 def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoindex: bool):
@@ -162,7 +214,9 @@ class _Documents:
     """Documents made on demand, one per (file, status, author headers), with stable ids:
     the file's path for the plain 200 document, ``path NUL n`` for the others."""
 
-    def __init__(self, files, datas, encoded, overrides, header_rules) -> None:
+    def __init__(self, files, datas, encoded, overrides, header_rules, areas=()) -> None:
+        self.areas = list(areas)  # --basic-auth (auth.Area)
+        self.hints: dict[str, str] = {}  # rel → its early hints' Link value
         self.files, self.datas, self.encoded = files, datas, encoded
         self.overrides, self.header_rules = overrides, header_rules
         self.index = {f.rel: i for i, f in enumerate(files)}
@@ -173,13 +227,18 @@ class _Documents:
         self.table: dict = {}  # the routes of the files alone (assemble.routes)
 
     def headers(self, path: str, rel: str) -> tuple:
-        return rules.headers_for(self.header_rules, path, rel)
+        """The author's fields for a path, after the page's early hints (a ``Link`` that
+        ``_headers`` may add to or remove with ``! Link``)."""
+        hint = self.hints.get(rel)
+        return rules.headers_for(self.header_rules, path, rel,
+                                 (("Link", hint),) if hint else ())
 
-    def make(self, rel: str, status: str, headers: tuple) -> assemble.Document:
+    def make(self, rel: str, status: str, headers: tuple,
+             private: bool = False) -> assemble.Document:
         i = self.index[rel]
         f = self.files[i]
         return assemble.document(rel, self.datas[i], f.mtime, self.encoded[i], self.overrides,
-                                 status=status, headers=headers)
+                                 status=status, headers=headers, private=private)
 
     def base(self, i: int):
         """The plain document of file ``i`` (200, no author headers)."""
@@ -187,28 +246,33 @@ class _Documents:
             self._base[i] = self.make(self.files[i].rel, "200 OK", ())
         return self._base[i]
 
-    def id(self, rel: str, status: str, headers: tuple) -> str:
-        key = (rel, status, headers)
+    def id(self, rel: str, status: str, headers: tuple, private: bool = False) -> str:
+        key = (rel, status, headers, private)
         if key not in self.ids:
-            plain = status == "200 OK" and not headers
-            doc = self.base(self.index[rel]) if plain else self.make(rel, status, headers)
+            plain = status == "200 OK" and not headers and not private
+            doc = self.base(self.index[rel]) if plain else self.make(rel, status, headers, private)
             doc.rel = rel if plain else f"{rel}\0{len(self.ids)}"
             self.ids[key] = doc.rel
             self.used.append(doc)
         return self.ids[key]
 
-    def route(self, key: bytes, value: tuple) -> tuple:
-        """A resolved route value with its document made: ("doc", id), a redirect or rules."""
+    def route(self, key: bytes, value: tuple, guard: bool = True) -> tuple:
+        """A resolved route value with its document made: ("doc", id), a redirect, rules,
+        or ("auth", (area index, one of those)) behind a --basic-auth area."""
         kind, v = value
+        path = key.decode("utf-8", "surrogateescape")
+        area = auth.area_for(self.areas, path, v if kind in ("doc", "doc404") else None) \
+            if guard and self.areas else None
+        if area is not None:
+            return "auth", (area, self.route(key, value, False))
         if kind == "redirect":
             return value
         if kind == "rules":
             pending, default = v
             return "rules", (tuple(self.rule(r) for r in pending),
-                             None if default is None else self.route(key, default))
-        path = key.decode("utf-8", "surrogateescape")
+                             None if default is None else self.route(key, default, guard))
         status = "404 Not Found" if kind == "doc404" else "200 OK"
-        return "doc", self.id(v, status, self.headers(path, v))
+        return "doc", self.id(v, status, self.headers(path, v), private=not guard)
 
     def rule(self, r) -> "emit.CompiledRule":
         """A rule for the run-time matcher (made once, however many routes refer to it)."""
@@ -239,15 +303,43 @@ def _compress(files: list[SourceFile], datas: list[bytes], cache: str | None,
     todo = [i for i, f in enumerate(files) if datas[i] and compressible(content_type(f.rel))]
     jobs = [(files[i].path, compress.cache_key(datas[i]), len(datas[i])) for i in todo]
     if progress:
-        import click
-        with click.progressbar(length=len(jobs), label="compressing", file=sys.stdout) as bar:
-            results = compress.compress_all(jobs, cache, bar.update)
+        with _Progress("compressing", len(jobs), sum(j[2] for j in jobs)) as bar:
+            results = compress.compress_all(jobs, cache, bar.done)
     else:
         results = compress.compress_all(jobs, cache, lambda n: None)
     encoded: list[dict[str, bytes] | None] = [None] * len(files)
     for i, r in zip(todo, results):
         encoded[i] = r
     return encoded
+
+
+class _Progress:
+    """A terminal's progress bar over files and bytes (click's, with its estimate of the
+    time left): ``compressing  [###---]  40%  00:00:42  312/1065 files, 20.1 of 50.3 MB``.
+    Made only when stdout is a terminal, so logs get the summary line alone."""
+
+    def __init__(self, label: str, files: int, size: int) -> None:
+        import click
+        self.files, self.size, self.n, self.bytes = files, size, 0, 0
+        self.bar = click.progressbar(length=max(size, 1), label=label, file=sys.stdout,
+                                     item_show_func=self._show)
+
+    def _show(self, _item) -> str:
+        return (f"{self.n}/{self.files} files, {self.bytes / 1e6:.1f} of "
+                f"{self.size / 1e6:.1f} MB")
+
+    def done(self, size: int) -> None:
+        """One more file of ``size`` bytes finished."""
+        self.n += 1
+        self.bytes += size
+        self.bar.update(size, self)
+
+    def __enter__(self) -> "_Progress":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
 
 
 def replace_dir(out: str, fill: Callable[[str], None]) -> None:

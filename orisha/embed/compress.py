@@ -65,6 +65,7 @@ def cache_key(data: bytes) -> str:
 def compress_all(jobs: Iterable[tuple[str, str, int]], cache: str | None,
                  progress: Callable[[int], None]) -> list[dict[str, bytes]]:
     """Compress each (path, digest, size) in every coding; results in input order.
+    ``progress(size)`` is called as each file's last coding is done.
 
     One task per file and coding, largest first, so two cores finish together
     instead of one waiting on a big file's brotli at the end.
@@ -84,7 +85,7 @@ def compress_all(jobs: Iterable[tuple[str, str, int]], cache: str | None,
             results[i][c] = enc
             done_per_file[i] += 1
             if done_per_file[i] == len(CODINGS):
-                progress(1)
+                progress(jobs[i][2])
 
     if workers == 1:
         collect(map(_job, args))

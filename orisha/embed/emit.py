@@ -53,17 +53,27 @@ def boundary(docs: list[Document]) -> bytes:
 
 def write(out: str, docs: list[Document], table: dict[bytes, tuple],
           not_found: Document, fallback: str | None, loop: str, summary: str,
-          stats: dict, rules: list[CompiledRule] = ()) -> None:
+          stats: dict, rules: list[CompiledRule] = (),
+          assets: frozenset[bytes] | None = None, areas: list = ()) -> None:
+    """``assets``: the extensions an unknown path must not have to get the fallback
+    (``Site.assets``; None: every unknown path gets it); ``areas``: the --basic-auth
+    areas (``embed.auth.Area``), which "auth" route values name by index."""
     lines = [MARKER,
              "from orisha.blob import open_blob",
-             "from orisha.core.site import Entry, Redirect, Rule, Rules, Site, Variant as V",
+             "from orisha.core.site import Auth, Entry, Guarded, Redirect, Rule, Rules, Site, "
+             "Variant as V",
              "",
              f"LOOP = {loop!r}"]
     index, size = _documents(out, docs, not_found, lines)
+    for i, a in enumerate(areas):
+        lines.append(f"A{i} = Auth({a.glob!r}, {dict(sorted(a.users.items()))!r})")
     _routes(table, rules, index, lines)
     fb = index[fallback] if fallback else "None"
+    exts = "None" if assets is None else f"frozenset({sorted(assets)!r})"
+    guards = "".join(f"({a.regex.pattern.encode('utf-8', 'surrogateescape')!r}, A{i}), "
+                     for i, a in enumerate(areas))
     lines.append(f"SITE = Site(ROUTES, NOT_FOUND, {fb}, {summary!r}, LOOP, SITE_RULES, "
-                 f"{boundary(docs)!r})")
+                 f"{boundary(docs)!r}, {exts}" + (f", ({guards})" if areas else "") + ")")
     module = os.path.join(out, "site.py")
     with open(module, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
@@ -137,6 +147,8 @@ def _routes(table: dict[bytes, tuple], rules: list[CompiledRule], index: dict[st
             return index[v]
         if kind == "redirect":
             return f"Redirect{v!r}"
+        if kind == "auth":
+            return f"Guarded(A{v[0]}, {target(v[1])})"
         pending, default = v
         return (f"Rules(({''.join(rule(r) + ', ' for r in pending)}), "
                 f"{'None' if default is None else target(default)})")

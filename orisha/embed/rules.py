@@ -89,6 +89,12 @@ def _pattern(src: str, where: str) -> tuple[str, tuple[str, ...]]:
     return "".join(out), tuple(names)
 
 
+def path_regex(src: str, where: str) -> re.Pattern:
+    """A ``_headers``-style path pattern (``/private/*``, ``:name``) compiled over decoded
+    paths (str)."""
+    return re.compile(_pattern(src, where)[0], re.S)
+
+
 def _path(src: str, where: str, what: str) -> str:
     if src.startswith(("http://", "https://")):
         raise BuildError(f"{where}: host-specific {what} {src} are not supported (use a path)")
@@ -274,9 +280,11 @@ def cli_header(value: str) -> HeaderRule:
     return HeaderRule(where, glob, True, [_field(name.strip(), fvalue.strip(), where)])
 
 
-def headers_for(rules: list[HeaderRule], path: str, rel: str) -> tuple[tuple[str, str], ...]:
-    """The merged author fields for a request path served from the file ``rel``."""
-    merged: dict[str, tuple[str, list[str]]] = {}
+def headers_for(rules: list[HeaderRule], path: str, rel: str,
+                initial: tuple = ()) -> tuple[tuple[str, str], ...]:
+    """The merged author fields for a request path served from the file ``rel``, after
+    the build's ``initial`` ones (early hints: a rule adds to them or detaches them)."""
+    merged: dict[str, tuple[str, list[str]]] = {n.lower(): (n, [v]) for n, v in initial}
     cookies = 0
     for r in rules:
         if not r.matches(path, rel):

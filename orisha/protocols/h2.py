@@ -653,6 +653,8 @@ class H2Connection:
         block = _BLOCKS.get(head) + _date_field(now)
         flags = END_HEADERS if body else END_HEADERS | END_STREAM
         out = self.out
+        if _BLOCKS.early:
+            self._early_hints(sid, head)
         if len(block) <= self.max_frame:
             out.append(_frame(len(block), HEADERS, flags, sid) + block)
         else:  # §6.10: the rest of a long block in CONTINUATION frames
@@ -672,6 +674,16 @@ class H2Connection:
             self._pump()
         else:
             self._ended(sid, self.initial)
+
+    def _early_hints(self, sid: int, head: bytes) -> None:
+        """A 103 (RFC 8297) before the 200 of a page with early hints: one HEADERS frame
+        without END_STREAM, an informational response (RFC 9113 §8.1). Sent within the
+        same write as the 200, it lets the browser start its preloads while it is still
+        receiving and parsing the page."""
+        hints = _BLOCKS.early.get(head)
+        if hints and len(hints) <= self.max_frame:
+            self.out.append(_frame(len(hints), HEADERS, END_HEADERS, sid) + hints)
+            self.out_bytes += len(hints) + 9
 
     def _ended(self, sid: int, window: int) -> None:
         """Our side of ``sid`` is done (``window``: what is left of its send window). A

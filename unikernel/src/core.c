@@ -1309,9 +1309,50 @@ struct target {
     const struct image_rule *rule;
 };
 
-static const struct image_entry *fallback_or_not_found(void)
+/* Whether the extension of key's last segment is one the header's assets list
+ * ("/js/css/png/", lower case) names: ASCII case folded, as bytes.lower(). */
+static int asset_extension(struct str key)
 {
-    return &entries[H->fallback != IMAGE_NONE ? H->fallback : H->not_found];
+    size_t dot = key.n, i = key.n;
+    while (i && key.p[i - 1] != '/') {
+        i--;
+        if (key.p[i] == '.' && dot == key.n)
+            dot = i;
+    }
+    if (dot == key.n)
+        return 0;
+    size_t n = key.n - dot - 1;
+    const uint8_t *list = img + H->assets_off;
+    for (size_t at = 0; at + n + 2 <= H->assets_len; at++) {
+        if (list[at] != '/' || list[at + n + 1] != '/')
+            continue;
+        size_t k = 0;
+        while (k < n && lower(key.p[dot + 1 + k]) == list[at + 1 + k])
+            k++;
+        if (k == n)
+            return 1;
+    }
+    return 0;
+}
+
+/* connection.unknown: the fallback for a navigation, else the not-found document. Not a
+ * navigation: a Sec-Fetch-Dest naming another destination, or a path ending in one of
+ * the site's non-HTML extensions (when the header says navigations only). */
+static const struct image_entry *fallback_or_not_found(const struct request *r, struct str key)
+{
+    if (H->fallback == IMAGE_NONE)
+        return &entries[H->not_found];
+    if (!H->navigations)
+        return &entries[H->fallback];
+    struct str dest = r->single[FIELD_SEC_FETCH_DEST];
+    if (r->present[FIELD_SEC_FETCH_DEST] == 1 && dest.n) {
+        size_t k = 0, n = sizeof policy_navigation_dests / sizeof policy_navigation_dests[0];
+        while (k < n && !eq(dest, policy_navigation_dests[k]))
+            k++;
+        if (k == n)
+            return &entries[H->not_found];
+    }
+    return &entries[asset_extension(key) ? H->not_found : H->fallback];
 }
 
 /* A route's own answer (a Rules route's default); `none` when it has none. */
@@ -1369,7 +1410,7 @@ static int choose(const struct request *r, struct target *t)
     if (rule)
         rule_answer(rule, t);
     else
-        route_answer(rt, fallback_or_not_found(), t);
+        route_answer(rt, fallback_or_not_found(r, key), t);
     return 1;
 }
 

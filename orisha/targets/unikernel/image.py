@@ -57,7 +57,7 @@ from ...errors import BuildError
 from ...protocols.hpack_blocks import block
 
 MAGIC = 0x4953524F  # "ORSI"
-VERSION = 4
+VERSION = 5
 NONE = 0xFFFFFFFF   # no such entry (the header's fallback), no such capture slot
 NO_VARIANT = 0xFF   # an entry's choice for a mask nothing acceptable answers: 406
 # A route's kind: an entry, a redirect, or (a ``Rules`` route whose rules all fail and
@@ -116,7 +116,9 @@ HEADER = Record("header", ("magic", "u32"), ("version", "u32"), ("size", "u32"),
                 ("routes", "table"), ("entries", "table"), ("errors", "table"),
                 ("not_found", "u32"), ("fallback", "u32"), ("rules", "table"),
                 ("site_rules", "table"), ("multi_head", "span"), ("delimiter", "span"),
-                ("close_delimiter", "span"))
+                ("close_delimiter", "span"), ("navigations", "u32"), ("assets", "span"))
+# ``navigations``: 1 when the fallback answers navigations only (``Site.assets`` is not
+# None); ``assets`` then lists its extensions as "/js/css/png/" (connection.unknown).
 # ``h2``, ``h2_304``, ``h2_416``: the HTTP/2 header block of the head beside it
 # (``hpack_blocks.block``, the bytes the hosted server's site.py carries), which h2.c
 # sends in place of converting the head; a route's is its redirect's without a query.
@@ -363,9 +365,10 @@ def _all_rules(table: dict, runtime: list) -> list:
 
 
 def encode(docs: list[Document], table: dict[bytes, tuple], not_found: Document,
-           fallback: str | None, runtime: list = ()) -> bytes:
+           fallback: str | None, runtime: list = (), assets: frozenset | None = None) -> bytes:
     """The site image the C core interprets (see the module docstring). ``runtime``: the
-    rules matched on a route-table miss (``emit.CompiledRule``), in order."""
+    rules matched on a route-table miss (``emit.CompiledRule``), in order; ``assets``:
+    ``Site.assets``."""
     entries = [_entry(d) for d in docs] + [_entry(not_found)]
     index = {d.rel: i for i, d in enumerate(docs)}
     img = _Image()
@@ -377,7 +380,10 @@ def encode(docs: list[Document], table: dict[bytes, tuple], not_found: Document,
     return img.pack(routes=_Ref("routes", 0, len(table)), entries=_Ref("entries", 0, len(entries)),
                     errors=_Ref("errors", 0, len(ERRORS)), not_found=len(docs),
                     fallback=index[fallback] if fallback else NONE, rules=all_rules,
-                    site_rules=site_rules, **_multipart(img.data.put, boundary(docs)))
+                    site_rules=site_rules, **_multipart(img.data.put, boundary(docs)),
+                    navigations=int(assets is not None),
+                    assets=img.data.put(b"/" + b"".join(e + b"/" for e in sorted(assets or ()))
+                                        if assets else b""))
 
 
 def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) -> None:
@@ -411,9 +417,10 @@ def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) ->
 
 
 def write(out: str, docs: list[Document], table: dict[bytes, tuple], not_found: Document,
-          fallback: str | None, runtime: list = (), tls: tuple[str, str] | None = None) -> None:
+          fallback: str | None, runtime: list = (), tls: tuple[str, str] | None = None,
+          assets: frozenset | None = None) -> None:
     """Write OUT/site.img and OUT/orisha.img, and record them in OUT's manifest."""
-    blob = encode(docs, table, not_found, fallback, runtime)
+    blob = encode(docs, table, not_found, fallback, runtime, assets)
     blob_path = os.path.join(out, BLOB)
     with open(blob_path, "wb") as f:
         f.write(blob)

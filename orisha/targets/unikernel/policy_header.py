@@ -47,6 +47,9 @@ def _methods_and_statuses() -> list[str]:
         % ", ".join(map(str, policy.ERROR_PAGES)),
         "/* After these the request stream cannot be framed: close and drop the rest. */",
         "static const uint16_t policy_fatal[] = { %s };" % ", ".join(map(str, fatal)),
+        "/* The Sec-Fetch-Dest values the SPA fallback answers (policy.NAVIGATION_DESTS). */",
+        "static const char *const policy_navigation_dests[] = { %s };"
+        % _strings(policy.NAVIGATION_DESTS),
         "/* Milliseconds a finished connection drains input for the peer's EOF (policy.LINGER). */",
         f"#define POLICY_LINGER_MS {round(policy.LINGER * 1000)}ull",
     ]
