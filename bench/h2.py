@@ -244,7 +244,8 @@ def main() -> None:
         [p for p in args.peers.split(",") if p]
     servers: dict[str, Server] = {}
     results: dict[str, list[dict]] = {}
-    limit = args.seconds + 60  # every h2load run is bounded in time as well as count
+    failures: dict[str, list[str]] = {}
+    limit = args.seconds + 30  # every h2load run is bounded in time as well as count
     c = str(args.conns)
     runs = {"h1": ["--h1", "-c", c, "-D", f"{args.seconds:g}"],
             "https": ["--h1", "-c", c, "-D", f"{args.seconds:g}"],
@@ -258,19 +259,24 @@ def main() -> None:
         for rnd in range(args.rounds):
             for n in names if rnd % 2 == 0 else names[::-1]:  # interleaved A/B
                 s = servers[n]
-                for proto in PROTOCOLS:
-                    for doc, path in DOCS.items():
-                        r = measure(s, s.url(proto, path), runs[proto], warm[proto], limit)
-                        results.setdefault(f"{proto} {doc}|{n}", []).append(r)
-                        log(rnd, f"{proto} {doc}", n, r)
-                r = measure(s, s.url("h2", DOCS["1 KB"]), hs, None, limit)
-                r["rps"] = args.handshakes / r["secs"]
-                results.setdefault(f"handshakes|{n}", []).append(r)
-                log(rnd, "handshakes", n, r)
+                cells = [(f"{proto} {doc}", s.url(proto, path), runs[proto], warm[proto])
+                         for proto in PROTOCOLS for doc, path in DOCS.items()]
+                for run, url, timed, warm_up in cells + [("handshakes", s.url("h2", DOCS["1 KB"]),
+                                                          hs, None)]:
+                    try:
+                        r = measure(s, url, timed, warm_up, limit)
+                    except RuntimeError as e:  # a stalled or failing run is reported, not timed
+                        print(f"round {rnd + 1} {run:12} {n:14} FAILED: {e}", flush=True)
+                        failures.setdefault(f"{run}|{n}", []).append(str(e).split(" (")[0].split(":")[0])
+                        continue
+                    if run == "handshakes":
+                        r["rps"] = args.handshakes / r["secs"]
+                    results.setdefault(f"{run}|{n}", []).append(r)
+                    log(rnd, run, n, r)
     finally:
         for s in servers.values():
             s.stop()
-    report(results, names, args)
+    report(results, failures, names, args)
 
 
 def log(rnd: int, run: str, name: str, r: dict) -> None:
@@ -278,7 +284,7 @@ def log(rnd: int, run: str, name: str, r: dict) -> None:
           f"client busy {r['client_busy']:.2f}", flush=True)
 
 
-def report(results: dict, names: list[str], args) -> None:
+def report(results: dict, failures: dict, names: list[str], args) -> None:
     med = lambda cell, k: statistics.median(r[k] for r in results[cell])  # noqa: E731
     peers = [n for n in names if not n.startswith("orisha")]
     lines = [f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one worker each on CPU 0, "
@@ -296,17 +302,21 @@ def report(results: dict, names: list[str], args) -> None:
     for run in runs:
         for n in names:
             cell = f"{run}|{n}"
+            failed = f" ({len(failures[cell])} of {args.rounds} runs failed: " \
+                f"{'; '.join(sorted(set(failures[cell])))})" if cell in failures else ""
             if cell not in results:
+                lines.append(f"| {run} | {n}{failed} | – | – | – |" + " | ".join([""] * 2 * len(peers))
+                             + " |")
                 continue
             ratios = []
             for p in peers:
                 base = f"{run}|{p}"
-                if n.startswith("orisha") and base in results:
+                if n.startswith("orisha") and base in results and cell in results:
                     ratios += [f"{med(cell, 'cpu_us') / med(base, 'cpu_us'):.2f}×",
                                f"{med(cell, 'rps') / med(base, 'rps'):.2f}×"]
                 else:
                     ratios += ["", ""]
-            lines.append(f"| {run} | {n} | {med(cell, 'rps'):,.0f} | {med(cell, 'cpu_us'):,.1f} | "
+            lines.append(f"| {run} | {n}{failed} | {med(cell, 'rps'):,.0f} | {med(cell, 'cpu_us'):,.1f} | "
                          f"{med(cell, 'client_busy'):.2f} | " + " | ".join(ratios) + " |")
     table = "\n".join(lines)
     print("\n" + table)
