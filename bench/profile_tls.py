@@ -71,7 +71,7 @@ def pyspy(pid: int, seconds: float, tmp: str, top: int) -> None:
     if r.returncode or not os.path.exists(out):
         print(f"py-spy failed: {r.stderr.strip()[-300:]}")
         return
-    own, incl = collections.Counter(), collections.Counter()
+    own, incl, lines = collections.Counter(), collections.Counter(), collections.Counter()
     total = 0
     for line in open(out):
         stack, _, n = line.rstrip().rpartition(" ")
@@ -81,10 +81,15 @@ def pyspy(pid: int, seconds: float, tmp: str, top: int) -> None:
         total += n
         if frames:
             own[frames[-1]] += n
+            leaf = stack.split(";")[-1]
+            lines[leaf.rsplit(" (", 1)[0] + " " + leaf.rsplit("/", 1)[-1].rstrip(")")] += n
         for f in set(frames):
             incl[f] += n
     print(f"\npy-spy, {total} samples; self time:")
     for f, n in own.most_common(top):
+        print(f"  {100 * n / total:5.1f}%  {f}")
+    print("self time by line:")
+    for f, n in lines.most_common(top):
         print(f"  {100 * n / total:5.1f}%  {f}")
     print("inclusive:")
     for f, n in incl.most_common(top):
