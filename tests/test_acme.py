@@ -38,8 +38,10 @@ class Served:
     """`orisha serve` with TLS and, maybe, the plain port; both ports from its start-up line."""
 
     def __init__(self, build: str, *args: str, loop: str = "epoll", env=None) -> None:
+        # build "": no positional build (``--site HOST=OUT`` names them)
         self.proc = subprocess.Popen(
-            Server.cmd(build, "--loop", loop, "--workers", "2", *TEST_LIMITS, *args),
+            [c for c in Server.cmd(build, "--loop", loop, "--workers", "2", *TEST_LIMITS, *args)
+             if c],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.line = self.proc.stdout.readline()
         self.err: list[str] = []
