@@ -525,3 +525,28 @@ def test_acme_for_sites_refuses_a_wildcard_and_a_second_list_of_names(two):
              "--domain; --acme-email gets each site its certificate)")):
         r = orisha(*base, *extra, timeout=30)
         assert r.returncode == 1 and r.stderr.strip().splitlines() == [want], r.stderr
+    r = orisha("serve", "--port", "0", "--acme-email", "me@example.org", "--site",
+               f"*.a.test={two['a']}", timeout=30)  # one site: its names are the domains
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "orisha: error: --site *.a.test: *.a.test cannot get an ACME certificate (a wildcard "
+        "needs DNS-01, RFC 8555 §8.4; HTTP-01 and TLS-ALPN-01 validate one name each): list "
+        "the site's host names"], r.stderr
+
+
+def test_acme_for_one_site_names_its_hosts(two, pebble, tmp_path):
+    """One ``--site`` with ``--acme-email``: its names are the one certificate's domains."""
+    from test_acme import EMAIL, Served, curl
+    ca = pebble()
+    s = Served("", "--site", f"a.test,www.a.test={two['a']}", "--port", str(ca.tls_port),
+               "--http-port", str(ca.http_port), "--acme-email", EMAIL, "--acme-directory",
+               ca.directory, "--acme-ca", ca.pki.ca, "--state", str(tmp_path / "state"))
+    try:
+        s.wait_for("ACME: certificate for a.test, www.a.test issued")
+        s.wait_for("ACME: every worker serves the new certificate")
+        root = ca.root(str(tmp_path / "root.pem"))
+        r = curl("--cacert", root, "--resolve", f"www.a.test:{s.port}:127.0.0.1",
+                 f"https://www.a.test:{s.port}/")
+        assert (r.returncode, r.stdout) == (0, SITE_FILES["a"]["index.html"].encode()), r.stderr
+        assert os.path.isfile(tmp_path / "state" / "cert.json")  # as --domain keeps it
+    finally:
+        assert s.stop() == 0
