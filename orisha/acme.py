@@ -22,6 +22,11 @@ reload machinery (``Supervisor._renew``), the old one finishing its responses.
 HTTP-01 is used when the plain port is served (``--http-port``), TLS-ALPN-01
 (RFC 8737) otherwise: either port alone is enough.
 
+Several sites (``--site`` with ``--acme-email``): one manager per site, for its
+host names, behind ``Several``, which the supervisor sees as one manager (the
+sites' attempts run one at a time; each certificate in ``STATE/sites/HOST/``, one
+account for all); SNI picks a site's certificate (``tls.by_names``).
+
 State (``--state DIR``, default ``$ORISHA_STATE`` or ``~/.local/share/orisha``),
 every file written atomically (a temporary file, fsync, rename) with mode 0600:
 ``account-<directory hash>.json`` (the account key and URL, saved only once the
