@@ -22,6 +22,11 @@ reload machinery (``Supervisor._renew``), the old one finishing its responses.
 HTTP-01 is used when the plain port is served (``--http-port``), TLS-ALPN-01
 (RFC 8737) otherwise: either port alone is enough.
 
+Several sites (``--site`` with ``--acme-email``): one manager per site, for its
+host names, behind ``Several``, which the supervisor sees as one manager (the
+sites' attempts run one at a time; each certificate in ``STATE/sites/HOST/``, one
+account for all); SNI picks a site's certificate (``tls.by_names``).
+
 State (``--state DIR``, default ``$ORISHA_STATE`` or ``~/.local/share/orisha``),
 every file written atomically (a temporary file, fsync, rename) with mode 0600:
 ``account-<directory hash>.json`` (the account key and URL, saved only once the
@@ -206,13 +211,17 @@ class Manager:
     hands challenges and certificates to new generations, keeps the counters."""
 
     def __init__(self, domains: list[str], email: str, directory: str | None, ca: str | None,
-                 state: str | None, minimum: str = "1.2", http: bool = False) -> None:
+                 state: str | None, minimum: str = "1.2", http: bool = False,
+                 site: str | None = None) -> None:
         self.domains, self.email = domains, email
         self.directory = directory or LETS_ENCRYPT
         self.ca, self.minimum, self.http = ca, minimum, http
         if ca and not os.path.isfile(ca):
             raise ServeError(f"--acme-ca {ca}: no such file")
-        self.folder = state_dir(state)
+        # ``site``: one of several sites (``Several``): its certificate in a folder of its own
+        # under the state folder, the account shared by all of them.
+        self.accounts = state_dir(state)
+        self.folder = os.path.join(self.accounts, "sites", site) if site else self.accounts
         self.stored = Stored(self.folder)
         self.tokens: dict[bytes, bytes] = {}  # HTTP-01, for the plain port's Upgrade app
         self.alpn: dict[str, ssl.SSLContext] = {}  # TLS-ALPN-01 contexts by server name
@@ -231,16 +240,22 @@ class Manager:
             self.next_at = now  # the first issuance starts at once
 
     # -- what the workers get ------------------------------------------------------
+    def context(self) -> ssl.SSLContext:
+        """The context that presents the current certificate."""
+        from .protocols import tls
+        if self.stored.covers(self.domains):
+            return tls.context(self.stored.cert, self.stored.key, self.minimum)
+        if self.placeholder is None:  # nothing issued yet: a throwaway self-signed certificate
+            self.placeholder = context_from_pem(*_self_signed(self.domains[0]), self.minimum)
+        return self.placeholder
+
     def protocols(self):
         """The TLS port's protocols object for a new generation (server.py's factory)."""
         from .protocols import tls
-        if self.stored.covers(self.domains):
-            ctx = tls.context(self.stored.cert, self.stored.key, self.minimum)
-        else:  # nothing issued yet: a throwaway self-signed certificate until it is
-            if self.placeholder is None:
-                self.placeholder = context_from_pem(*_self_signed(self.domains[0]), self.minimum)
-            ctx = self.placeholder
-        return tls.Tls(ctx, challenges=dict(self.alpn))
+        # by_names: the SNI is recorded even for one certificate (a server of several sites
+        # with one certificate naming them all answers 421 for a Host of another site).
+        return tls.Tls(tls.by_names([(self.domains, self.context())]),
+                       challenges=dict(self.alpn))
 
     def counters(self) -> tuple:
         return (("acme_attempts_total", "counter", "ACME orders attempted.", self.attempts),
@@ -280,9 +295,10 @@ class Manager:
             self.inbox = json.dumps({"error": "the ACME helper exited with %d without an answer"
                                      % os.waitstatus_to_exitcode(status)}).encode() + b"\n"
 
-    def step(self, sup, readable: bool) -> None:
+    def step(self, sup, readable: bool, may_start: bool = True) -> None:
         """One turn of the supervisor's loop: read the helper, act on what it said, start
-        an attempt that is due, let the helper go once its challenges are served."""
+        an attempt that is due (``may_start``: no other site's attempt runs), let the helper
+        go once its challenges are served."""
         if self.helper is not None and readable:
             try:
                 self.inbox += self.helper[1].recv(1 << 20)
@@ -295,7 +311,7 @@ class Manager:
             print(f"orisha: ACME: every worker serves the new certificate (generation {sup.gen})",
                   file=sys.stderr)
         if self.helper is None:
-            if time.monotonic() >= self.next_at:
+            if may_start and time.monotonic() >= self.next_at:
                 self._start(sup)
         elif time.monotonic() > self.started + ATTEMPT_TIMEOUT and not self.killed:
             self.killed = True
@@ -366,6 +382,58 @@ class Manager:
         print(f"orisha: ACME: renewal failed ({why}); still serving the current certificate "
               f"(valid until {_when(self.stored.not_after)}); next attempt in {delay:.0f} s",
               file=sys.stderr)
+
+
+class Several:
+    """Several sites' certificates, one ``Manager`` per site (Caddy's way: a site whose
+    names do not validate yet holds up no other site's certificate, a new site is one new
+    order, and no visitor of one site reads the others' names in its certificate). SNI
+    picks among them (``tls.by_names``). The supervisor sees one manager: the sites'
+    attempts run one at a time, in --site order when several are due, so there is one
+    helper and one generation of challenges at a time, and the account is shared."""
+
+    def __init__(self, managers: list[Manager]) -> None:
+        self.managers = managers
+
+    @property
+    def tokens(self) -> dict[bytes, bytes]:
+        return {t: ka for m in self.managers for t, ka in m.tokens.items()}
+
+    def protocols(self):
+        from .protocols import tls
+        return tls.Tls(tls.by_names([(m.domains, m.context()) for m in self.managers]),
+                       challenges={n: c for m in self.managers for n, c in m.alpn.items()})
+
+    def counters(self) -> tuple:
+        total = [sum(m.counters()[k][3] for m in self.managers) for k in range(3)]
+        expiry = [m.counters()[3][3] for m in self.managers]
+        rows = [row[:3] + (v,) for row, v in zip(self.managers[0].counters(), total)]
+        # The soonest expiry (0 while a site has none yet): what an alert watches.
+        return (*rows, self.managers[0].counters()[3][:3] + (min(expiry),))
+
+    def _running(self) -> Manager | None:
+        return next((m for m in self.managers if m.helper is not None), None)
+
+    def fileno(self) -> int | None:
+        m = self._running()
+        return m.fileno() if m else None
+
+    def deadline(self) -> float:
+        m = self._running()  # the others wait for it, due or not
+        return m.deadline() if m else min(m.deadline() for m in self.managers)
+
+    def forked(self) -> None:
+        for m in self.managers:
+            m.forked()
+
+    def reaped(self, pid: int, status: int) -> None:
+        for m in self.managers:
+            m.reaped(pid, status)
+
+    def step(self, sup, readable: bool) -> None:
+        running = self._running()
+        for m in self.managers:
+            m.step(sup, readable and m is running, may_start=self._running() is None)
 
 
 def _when(t: float) -> str:
@@ -451,7 +519,7 @@ class _Session:
         from cryptography.hazmat.primitives.asymmetric import rsa
         self.m = m
         self.what = ", ".join(m.domains)
-        self.account_file = os.path.join(m.folder, "account-%s.json" % hashlib.sha256(
+        self.account_file = os.path.join(m.accounts, "account-%s.json" % hashlib.sha256(
             m.directory.encode()).hexdigest()[:12])
         try:
             with open(self.account_file) as f:

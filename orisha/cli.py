@@ -165,8 +165,10 @@ def _limit_options(f):
 @click.option("--hsts", type=int, metavar="SECONDS",
               help="With TLS: Strict-Transport-Security: max-age=SECONDS on every response.")
 @click.option("--domain", "domains", multiple=True, metavar="NAME", help="Certificates from "
-              "ACME (instead of --tls-cert): one certificate naming every --domain (repeatable).")
-@click.option("--acme-email", metavar="ME", help="Contact address of the ACME account.")
+              "ACME (instead of --tls-cert): one certificate naming every --domain (repeatable). "
+              "With --site, not needed: the sites' names are the domains.")
+@click.option("--acme-email", metavar="ME", help="Contact address of the ACME account. With "
+              "--site (and no --tls-cert): a certificate from ACME for each site's names.")
 @click.option("--acme-directory", metavar="URL", help="ACME directory [default: Let's "
               "Encrypt's production directory].")
 @click.option("--acme-ca", metavar="FILE", help="CA bundle to trust for the ACME directory's "
@@ -180,11 +182,16 @@ def serve(path, sites, host, port, workers, loop, fallback, not_found, access_lo
           acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     http3 = not limits.pop("no_http3")
+    acme_sites = bool(sites) and bool(acme_email) and not tls_cert  # each site's names
     if port is None:  # a CA validates TLS-ALPN-01 on 443 (RFC 8737 §3), HTTP-01 on 80
-        port = 443 if domains else 8080
+        port = 443 if domains or acme_sites else 8080
     pairs = _sites(path, sites, fallback, not_found)
     path = pairs[0][1]
     if len(pairs) == 1:
+        if acme_sites:  # one site: its names are the one certificate's
+            from .server import check_site_names
+            check_site_names(pairs, domains)
+            domains = pairs[0][0]
         pairs = None  # one site, as ever: no host table, no lookup
     elif any(manifest.read(out).get("loop") == "unikernel" for _, out in pairs):
         raise click.UsageError("--site: a unikernel image serves one site (boot each image)")

@@ -174,14 +174,15 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     Without them: cleartext HTTP/1.1 and h2c. Both may be sequences of as many files: SNI
     picks the certificate (``tls.by_sni``). ``sites``: several sites, (host names, build
     folder) pairs, instead of ``build_dir``; Host (HTTP/2: :authority) chooses one, the
-    first answers unknown hosts. ``domains``: certificates from ACME (orisha/acme.py).
+    first answers unknown hosts. ``domains``: certificates from ACME (orisha/acme.py);
+    with ``sites``, ``acme_email`` alone gets each site a certificate for its names.
     ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
     HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers.
     ``http3`` (with one --tls-cert): HTTP/3 over QUIC on the same port number over UDP
     (orisha/protocols/h3.py), advertised by Alt-Svc on the TCP port's responses.
     """
     acme = _acme(domains, tls_cert, acme_email, acme_directory, acme_ca, state, tls_min,
-                 http_port is not None)
+                 http_port is not None, sites)
     protocols = acme.protocols if acme else _protocols(tls_cert, tls_key, tls_min)
     protocols()  # a bad certificate or key fails here, before any port is taken
     tls_on = bool(tls_cert or acme)
@@ -277,20 +278,58 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
                                        for c, k in zip(certs, keys)]))
 
 
-def _acme(domains, tls_cert, email, directory, ca, state, minimum: str, http: bool):
-    """The ACME manager (orisha/acme.py) for ``--domain``, or None."""
+def _acme(domains, tls_cert, email, directory, ca, state, minimum: str, http: bool,
+          sites=None):
+    """The ACME manager (orisha/acme.py) for ``--domain``, or for ``--site`` with
+    ``--acme-email`` (each site's names, one certificate per site: ``acme.Several``), or None."""
+    if sites is not None and email and not tls_cert:
+        check_site_names(sites, domains)
+        return _acme_sites(sites, email, directory, ca, state, minimum, http)
     if not domains:
         if email or directory or ca:
-            raise ServeError("--acme-email/--acme-directory/--acme-ca go with --domain")
+            raise ServeError("--acme-email/--acme-directory/--acme-ca go with --domain"
+                             + (" (or --site)" if sites is None else ""))
         return None
     if tls_cert:
         raise ServeError("--domain (certificates from ACME) or --tls-cert, not both")
+    acme = _acme_module()
+    return acme.Manager(acme.check_options(domains, email), email, directory, ca, state,
+                        minimum, http)
+
+
+def _acme_module():
     try:
         from . import acme
     except ImportError as e:  # the optional extra is not installed
         raise ServeError(f"--domain needs the acme extra: pip install 'orisha[acme]' ({e})") from None
-    return acme.Manager(acme.check_options(domains, email), email, directory, ca, state,
-                        minimum, http)
+    return acme
+
+
+def check_site_names(sites, domains=()) -> None:
+    """``--site`` with ACME: the sites' names are the domains, and none is a wildcard."""
+    if domains:  # one source of truth for the names, as Caddy's site addresses are
+        raise ServeError("--domain with --site: the sites' host names are the domains "
+                         "(drop --domain; --acme-email gets each site its certificate)")
+    for names, _ in sites:
+        wild = next((n for n in names if n.startswith("*")), None)
+        if wild:
+            raise ServeError(f"--site {','.join(names)}: {wild} cannot get an ACME certificate "
+                             "(a wildcard needs DNS-01, RFC 8555 §8.4; HTTP-01 and TLS-ALPN-01 "
+                             "validate one name each): list the site's host names")
+
+
+def _acme_sites(sites, email, directory, ca, state, minimum: str, http: bool):
+    """One ACME manager per site, for its host names (``check_site_names``)."""
+    acme = _acme_module()
+    groups = [acme.check_options(names, email) for names, _ in sites]
+    taken: dict[str, str] = {}
+    for names in groups:
+        for n in names:
+            if n in taken:
+                raise ServeError(f"--site: {n} is a host of two sites ({taken[n]}, {names[0]})")
+            taken[n] = names[0]
+    return acme.Several([acme.Manager(names, email, directory, ca, state, minimum, http,
+                                      site=names[0]) for names in groups])
 
 
 def _with_hsts(load, seconds: int | None):

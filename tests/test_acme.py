@@ -38,8 +38,10 @@ class Served:
     """`orisha serve` with TLS and, maybe, the plain port; both ports from its start-up line."""
 
     def __init__(self, build: str, *args: str, loop: str = "epoll", env=None) -> None:
+        # build "": no positional build (``--site HOST=OUT`` names them)
         self.proc = subprocess.Popen(
-            Server.cmd(build, "--loop", loop, "--workers", "2", *TEST_LIMITS, *args),
+            [c for c in Server.cmd(build, "--loop", loop, "--workers", "2", *TEST_LIMITS, *args)
+             if c],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.line = self.proc.stdout.readline()
         self.err: list[str] = []
@@ -587,3 +589,48 @@ def test_the_client_hello_names_its_server_and_alpn_before_openssl_sees_it():
         r = client_hello(data[:n])
         assert r is None or isinstance(r, tuple)
     assert client_hello(b"GET / HTTP/1.1\r\n\r\n") is None
+
+
+def chromium_trusting(root: str, folder, names) -> str:
+    """A Chromium launcher that trusts ``root`` as a certificate authority, the way a user's
+    machine trusts one — in an NSS database of its own HOME (Chromium on Linux reads locally
+    added trust anchors from ~/.pki/nssdb), not by ignoring certificate errors as
+    ``tlsutil.trusting_chromium`` does — with ``names`` resolved to 127.0.0.1."""
+    import shlex
+    from browser import chromium
+    home = os.path.join(str(folder), "chromium-home")
+    db = os.path.join(home, ".pki", "nssdb")
+    os.makedirs(db)
+    for args in (["-N", "--empty-password"], ["-A", "-t", "C,,", "-n", "Pebble root", "-i", root]):
+        subprocess.run(["certutil", "-d", f"sql:{db}", *args], check=True, capture_output=True,
+                       timeout=30)
+    rules = ", ".join(f"MAP {n} 127.0.0.1" for n in names)
+    wrapper = os.path.join(str(folder), "chromium-trusting")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\nHOME={shlex.quote(home)} exec {shlex.quote(chromium())} "
+                f"{shlex.quote('--host-resolver-rules=' + rules)} \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    return wrapper
+
+
+def test_chromium_trusting_pebbles_root_loads_the_demo_site(build, pebble, tmp_path):
+    """Headless Chromium with Pebble's root (from its management port) as a trusted CA:
+    the demo site over https from a certificate Pebble issued, no certificate error, every
+    response 200 (the access log's lines)."""
+    from browser import chromium, load_pages
+    assert chromium() is not None, "no Chromium (apt-get install chromium; ./dev test does)"
+    ca = pebble()
+    log = tmp_path / "access.log"
+    s = acme_serve(build, ca, tmp_path / "state", "--access-log", str(log))
+    try:
+        root = issued(s, ca, str(tmp_path / "root.pem"))
+        wrapper = chromium_trusting(root, tmp_path, DOMAINS)
+        pages = [f"https://{d}:{s.port}/" for d in DOMAINS] + [f"https://example.org:{s.port}/docs/"]
+        for res in load_pages(pages, timeout=30, executable=wrapper):
+            assert res.ok, res.problems
+        time.sleep(1.5)  # access-log lines leave the workers once a second
+        lines = [x for x in log.read_text().splitlines() if "favicon" not in x]
+        assert len(lines) > len(pages)  # the pages and what they load
+        assert all(re.search(r'" 200 \d+$', x) for x in lines), lines
+    finally:
+        assert s.stop() == 0

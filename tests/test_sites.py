@@ -435,3 +435,118 @@ def test_one_certificate_for_one_site_of_two_is_misdirected_elsewhere(two):
         assert _tls_get(two, s.port, "b.test", "b.test")[1].get("x-site") == "b"
     finally:
         assert s.stop() == 0
+
+
+# -- several sites with certificates from ACME (Pebble: tests/test_acme.py) ------------------
+
+from tlsutil import pki  # noqa: E402,F401  (the fixture test_acme's Pebble is made with)
+from test_acme import pebble  # noqa: E402,F401
+
+ACME_SITES = {"a": ["a.test"], "b": ["b.test", "www.b.test"]}
+
+
+def acme_sites(two, ca, state, loop: str, http: bool, *extra: str):
+    """Both sites, their certificates from Pebble; HTTP-01 with ``http``, else TLS-ALPN-01."""
+    from test_acme import EMAIL, Served
+    args = [a for k, names in ACME_SITES.items() for a in ("--site", f"{','.join(names)}={two[k]}")]
+    args += ["--port", str(ca.tls_port), "--acme-email", EMAIL, "--acme-directory", ca.directory,
+             "--acme-ca", ca.pki.ca, "--state", str(state), *extra]
+    if http:
+        args += ["--http-port", str(ca.http_port)]
+    return Served("", *args, loop=loop)
+
+
+def sites_issued(s, ca, root: str) -> str:
+    """Each site's certificate issued and served by every worker; Pebble's root as a file."""
+    for names in ACME_SITES.values():
+        s.wait_for(f"ACME: certificate for {', '.join(names)} issued")
+    deadline = time.monotonic() + 30
+    while sum("every worker serves the new certificate" in x for x in s.err) < 2:
+        assert time.monotonic() < deadline and s.proc.poll() is None, "".join(s.err)
+        time.sleep(0.05)
+    return ca.root(root)
+
+
+# epoll without the plain port: TLS-ALPN-01, whose challenge context (chosen from the raw
+# ClientHello) must survive the SNI callback; asyncio with it: HTTP-01.
+@pytest.mark.parametrize("loop, http", [("epoll", False), ("asyncio", True)])
+def test_acme_gets_each_site_its_certificate(two, pebble, tmp_path, loop, http):
+    ca = pebble()
+    state = tmp_path / "state"
+    s = acme_sites(two, ca, state, loop, http)
+    try:
+        root = sites_issued(s, ca, str(tmp_path / "root.pem"))
+        ctx = ssl.create_default_context(cafile=root)
+        ctx.set_alpn_protocols(["http/1.1"])
+        for site, names in ACME_SITES.items():
+            for name in names:  # SNI chooses the site's own certificate, verified by name
+                with socket.create_connection(("127.0.0.1", s.port), timeout=10) as raw, \
+                        ctx.wrap_socket(raw, server_hostname=name) as c:
+                    assert _sans(c) == set(names), name
+                    c.sendall(f"GET / HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n"
+                              .encode())
+                    status, fields, body = _status_body(read_to_close(c, resets=(ssl.SSLError,)))
+                assert (status, fields.get("x-site"), body) == (
+                    200, site, SITE_FILES[site]["index.html"].encode()), name
+        # curl, trusting Pebble's root: each site's content under its own certificate
+        from test_acme import curl
+        for name, site in (("a.test", "a"), ("www.b.test", "b")):
+            r = curl("--cacert", root, "--resolve", f"{name}:{s.port}:127.0.0.1",
+                     f"https://{name}:{s.port}/")
+            assert (r.returncode, r.stdout) == (0, SITE_FILES[site]["index.html"].encode()), r.stderr
+        # another site's Host over a site's ACME certificate: 421, never its content
+        for sni, host in (("a.test", "b.test"), ("www.b.test", "a.test")):
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as raw, \
+                    ctx.wrap_socket(raw, server_hostname=sni) as c:
+                c.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+                status, _, body = _status_body(read_to_close(c, resets=(ssl.SSLError,)))
+            assert status == 421 and b"site" not in body, (sni, host)
+        # one account, one certificate folder per site
+        assert sorted(os.listdir(state / "sites")) == ["a.test", "b.test"]
+        assert len([f for f in os.listdir(state) if f.startswith("account-")]) == 1
+        assert s.http_port == (ca.http_port if http else None)
+    finally:
+        assert s.stop() == 0
+
+
+def test_acme_for_sites_refuses_a_wildcard_and_a_second_list_of_names(two):
+    from conftest import orisha
+    base = ["serve", "--port", "0", "--acme-email", "me@example.org", "--site", f"a.test={two['a']}"]
+    for extra, want in (
+            (["--site", f"b.test,*.b.test={two['b']}"],
+             "orisha: error: --site b.test,*.b.test: *.b.test cannot get an ACME certificate "
+             "(a wildcard needs DNS-01, RFC 8555 §8.4; HTTP-01 and TLS-ALPN-01 validate one "
+             "name each): list the site's host names"),
+            (["--site", f"b.test={two['b']}", "--domain", "a.test"],
+             "orisha: error: --domain with --site: the sites' host names are the domains (drop "
+             "--domain; --acme-email gets each site its certificate)"),
+            (["--domain", "a.test"],  # one site: the same rule
+             "orisha: error: --domain with --site: the sites' host names are the domains (drop "
+             "--domain; --acme-email gets each site its certificate)")):
+        r = orisha(*base, *extra, timeout=30)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [want], r.stderr
+    r = orisha("serve", "--port", "0", "--acme-email", "me@example.org", "--site",
+               f"*.a.test={two['a']}", timeout=30)  # one site: its names are the domains
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "orisha: error: --site *.a.test: *.a.test cannot get an ACME certificate (a wildcard "
+        "needs DNS-01, RFC 8555 §8.4; HTTP-01 and TLS-ALPN-01 validate one name each): list "
+        "the site's host names"], r.stderr
+
+
+def test_acme_for_one_site_names_its_hosts(two, pebble, tmp_path):
+    """One ``--site`` with ``--acme-email``: its names are the one certificate's domains."""
+    from test_acme import EMAIL, Served, curl
+    ca = pebble()
+    s = Served("", "--site", f"a.test,www.a.test={two['a']}", "--port", str(ca.tls_port),
+               "--http-port", str(ca.http_port), "--acme-email", EMAIL, "--acme-directory",
+               ca.directory, "--acme-ca", ca.pki.ca, "--state", str(tmp_path / "state"))
+    try:
+        s.wait_for("ACME: certificate for a.test, www.a.test issued")
+        s.wait_for("ACME: every worker serves the new certificate")
+        root = ca.root(str(tmp_path / "root.pem"))
+        r = curl("--cacert", root, "--resolve", f"www.a.test:{s.port}:127.0.0.1",
+                 f"https://www.a.test:{s.port}/")
+        assert (r.returncode, r.stdout) == (0, SITE_FILES["a"]["index.html"].encode()), r.stderr
+        assert os.path.isfile(tmp_path / "state" / "cert.json")  # as --domain keeps it
+    finally:
+        assert s.stop() == 0

@@ -100,24 +100,34 @@ def names(cert: str) -> tuple[str, ...]:
 
 
 def by_sni(pairs: list[tuple[str, ssl.SSLContext]]) -> ssl.SSLContext:
+    """``by_names`` for certificate files: each context under its leaf's names (``names``).
+    ``pairs``: (certificate file, its context), in command-line order."""
+    return by_names([(names(cert), ctx) for cert, ctx in pairs])
+
+
+def by_names(pairs) -> ssl.SSLContext:
     """One context for several certificates: the first, whose ``sni_callback`` moves each
     handshake to the context whose names match the client's SNI (RFC 6066 §3) — an exact
     name before a wildcard (one label, RFC 6125 §6.4.3), the first certificate when the
     name is absent or unknown. The name is kept on the SSLObject (``sni``) for the site.
-    ``pairs``: (certificate file, its context), in command-line order."""
+    ``pairs``: (the certificate's DNS names, its context), in command-line order (ACME's
+    certificates have no file until issued: their names are the ones ordered)."""
     first = pairs[0][1]
     # Installed for one certificate too: the SNI it records is what keeps a server of
     # several sites from answering another site's name over it (``App.view``: 421).
     exact: dict[str, ssl.SSLContext] = {}
     wild: dict[str, ssl.SSLContext] = {}
-    for cert, ctx in pairs:
-        for name in names(cert):
+    for cert_names, ctx in pairs:
+        for name in cert_names:
+            name = name.lower()
             table, key = (wild, name[2:]) if name.startswith("*.") else (exact, name)
             table.setdefault(key, ctx)
 
     def choose(sslobj, server_name, _ctx):
         sslobj.sni = server_name
-        if server_name:
+        # A context swapped in from the raw ClientHello (``Tls.choose``: an ACME TLS-ALPN-01
+        # challenge) stays: OpenSSL still calls the first context's callback after the swap.
+        if server_name and sslobj.context is first:
             name = server_name.lower().rstrip(".")
             ctx = exact.get(name) or wild.get(name.partition(".")[2])
             if ctx is not None and ctx is not first:
