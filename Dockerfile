@@ -18,7 +18,8 @@ COPY rootfs/ /
 ENV PORT=8080
 # The admin port: /healthz, /readyz and /metrics (orisha/admin.py), answered by the supervisor.
 ENV ADMIN_PORT=9090
-EXPOSE 8080 9090
+# 8080/udp: HTTP/3 (QUIC) beside TLS on 8080/tcp, on by default with --tls-cert.
+EXPOSE 8080 8080/udp 9090
 USER 65534:65534
 # SIGTERM: stop accepting, finish in-flight responses (up to --grace), exit 0.
 STOPSIGNAL SIGTERM
