@@ -7,7 +7,7 @@
 # No base image is pulled. The executable carries Python, Orisha, the build's loop and the
 # compiled site (README "Container"); /tmp must be writable and exec-allowed because the
 # frozen interpreter unpacks there at start (with --read-only, add
-# --tmpfs /tmp:rw,exec,nosuid,nodev,size=64m). OUT/.dockerignore keeps the context to
+# --tmpfs /tmp:rw,exec,nosuid,nodev,size=128m). OUT/.dockerignore keeps the context to
 # these two entries. With registry access, a multi-stage build works too (README).
 FROM scratch
 COPY orisha /orisha
