@@ -163,3 +163,29 @@ def test_acme_in_the_container_with_a_state_volume_and_a_restart_reusing_it(demo
         assert "ACME: requesting" not in c.logs()[1], err
     finally:
         c.stop()
+
+
+def test_the_cert_manager_overlay_publishes_the_udp_port_alt_svc_names():
+    """Alt-Svc names the port the pod binds (h3=":PORT"): the pod's UDP port and the
+    Service's are that number, beside the TCP port a client first reaches."""
+    import yaml
+    from conftest import ROOT
+    from orisha.targets.container import runtime
+    folder = os.path.join(ROOT, "deploy", "kubernetes", "tls-cert-manager")
+    with open(os.path.join(folder, "deployment-patch.yaml")) as f:
+        (c,) = yaml.safe_load(f)["spec"]["template"]["spec"]["containers"]
+    with open(os.path.join(folder, "kustomization.yaml")) as f:
+        patches = [yaml.safe_load(p["patch"]) for p in yaml.safe_load(f)["patches"] if "patch" in p]
+    (svc,) = [op["value"] for ops in patches for op in ops if op["path"] == "/spec/ports"]
+    saved = dict(os.environ)
+    try:
+        os.environ.update({e["name"]: e["value"] for e in c["env"]})
+        args = runtime.parser().parse_args([])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert args.http3 and args.tls_cert
+    udp = [p for p in c["ports"] if p.get("protocol") == "UDP"]
+    assert [p["containerPort"] for p in udp] == [args.port]
+    (h3,) = [p for p in svc if p.get("protocol") == "UDP"]
+    assert h3["targetPort"] == udp[0]["name"] and h3["port"] == args.port
