@@ -7,7 +7,7 @@
 # No base image is pulled. The executable carries Python, Orisha, the build's loop and the
 # compiled site (README "Container"); /tmp must be writable and exec-allowed because the
 # frozen interpreter unpacks there at start (with --read-only, add
-# --tmpfs /tmp:rw,exec,nosuid,nodev,size=64m). OUT/.dockerignore keeps the context to
+# --tmpfs /tmp:rw,exec,nosuid,nodev,size=128m). OUT/.dockerignore keeps the context to
 # these two entries. With registry access, a multi-stage build works too (README).
 FROM scratch
 COPY orisha /orisha
@@ -18,7 +18,8 @@ COPY rootfs/ /
 ENV PORT=8080
 # The admin port: /healthz, /readyz and /metrics (orisha/admin.py), answered by the supervisor.
 ENV ADMIN_PORT=9090
-EXPOSE 8080 9090
+# 8080/udp: HTTP/3 (QUIC) beside TLS on 8080/tcp, on by default with --tls-cert.
+EXPOSE 8080 8080/udp 9090
 USER 65534:65534
 # SIGTERM: stop accepting, finish in-flight responses (up to --grace), exit 0.
 STOPSIGNAL SIGTERM

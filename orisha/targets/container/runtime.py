@@ -114,11 +114,16 @@ def parser():
                         "answers unknown hosts.")
     p.add_argument("--tls-cert", default=env("TLS_CERT"), metavar="FILE",
                    help="PEM certificate (chain allowed), mounted at run time: the port speaks "
-                        "TLS, HTTP/2 and HTTP/1.1 by ALPN; SIGHUP reads it again [$TLS_CERT].")
+                        "TLS, HTTP/2 and HTTP/1.1 by ALPN, and HTTP/3 on the same port number "
+                        "over UDP; a changed file is loaded again [$TLS_CERT].")
     p.add_argument("--tls-key", default=env("TLS_KEY"), metavar="FILE",
                    help="PEM private key of --tls-cert [$TLS_KEY].")
     p.add_argument("--tls-min", choices=("1.2", "1.3"), default=env("TLS_MIN", "1.2"),
                    help="Oldest TLS version accepted [$TLS_MIN, default 1.2].")
+    p.add_argument("--no-http3", dest="http3", action="store_false",
+                   default=env("HTTP3", "1").lower() not in ("0", "no", "false", "off"),
+                   help="With TLS: no HTTP/3 (QUIC on the same port number over UDP, on by "
+                        "default; publish the UDP port too) [$HTTP3=0].")
     p.add_argument("--http-port", type=int, default=int(env("HTTP_PORT", "0")) or None,
                    help="With TLS: also serve plain HTTP here, every request redirected (308) "
                         "to https, and ACME HTTP-01 answered [$HTTP_PORT].")
@@ -167,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                    http_port=args.http_port, hsts=args.hsts,
                    domains=args.domains or os.environ.get("DOMAINS", "").replace(",", " ").split(),
                    acme_email=args.acme_email, acme_directory=args.acme_directory,
-                   acme_ca=args.acme_ca, state=args.state,
-                   http3=False)  # aioquic is not frozen into the executable (yet): TCP only
+                   acme_ca=args.acme_ca, state=args.state, http3=args.http3)
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
