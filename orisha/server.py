@@ -188,25 +188,9 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     tls_on = bool(tls_cert or acme)
     if (http_port is not None or hsts is not None) and not tls_on:
         raise ServeError("--http-port and --hsts go with TLS (--tls-cert/--tls-key or --domain)")
-    reloadable = sites is not None or isinstance(build_dir, (str, os.PathLike))
-    loader = _with_hsts(load_site, hsts)
-    if sites is not None:
-        # a site loaded already (the container's own) gets HSTS once here, never per reload
-        sites = [(names, out if isinstance(out, (str, os.PathLike))
-                  else _with_hsts(lambda s: s, hsts)(out)) for names, out in sites]
-        site = load_sites(sites, load=loader)
-        load = _site_loader(sites, site, loader)
-        build_dir = ", ".join(names[0] for names, _ in sites)
-    else:
-        site = loader(build_dir) if reloadable else _with_hsts(lambda s: s, hsts)(build_dir)
-        load = lambda: loader(build_dir)  # noqa: E731
+    site, load, build_dir, reloadable = _sites_to_serve(build_dir, sites, hsts)
     certs = _seq(tls_cert)
-    if http3 and (acme or len(certs) > 1):
-        # aioquic's configuration holds one certificate, made from files: no SNI choice, and
-        # ACME's certificate reaches only the TCP port's context so far.
-        print("orisha: HTTP/3 off: it serves one --tls-cert (ACME or several certificates: "
-              "TCP only)", file=sys.stderr)
-    http3 = http3 and len(certs) == 1 and not acme
+    http3 = _http3(http3, acme, certs)
     name, loop_cls = _loop(loop or site.loop, http3)
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
@@ -214,24 +198,11 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     limits = limits or Limits()
-    socks, udp, quic, alt_svc = [], [], None, b""
-    try:
-        socks = listeners(host, port, workers)
-        plain = listeners(host, http_port, workers) if http_port is not None else []
-        if http3:
-            bound = socks[0].getsockname()[1]
-            quic = _quic(certs[0], _seq(tls_key)[0], limits)
-            udp = datagram_sockets(host, bound, workers)
-            alt_svc = _advertise(bound)
-    except ServeError:
-        for s in [admin] + socks + locals().get("plain", []):
-            if s is not None:
-                s.close()
-        raise
+    socks, plain, udp, quic, alt_svc = _ports(host, port, http_port, workers, limits, admin,
+                                              (certs[0], _seq(tls_key)[0]) if http3 else None)
     https_port = socks[0].getsockname()[1]
     sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
-                     load=load if reloadable else None,
-                     name=str(build_dir) if reloadable else "", protocols=protocols,
+                     load=load, name=str(build_dir) if reloadable else "", protocols=protocols,
                      plain=plain, plain_app=_plain_app(https_port, acme) if plain else None,
                      watch=FileWatch([*_seq(tls_cert), *_seq(tls_key)]) if tls_cert else None,
                      acme=acme, udp=udp, quic=quic, alt_svc=alt_svc)
@@ -245,6 +216,53 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}", file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
+
+
+def _ports(host: str, port: int, http_port: int | None, workers: int, limits: Limits, admin,
+           quic_files):
+    """The serving listeners, the plain port's beside them (``http_port``), and with
+    ``quic_files`` (certificate, key) HTTP/3's UDP sockets, its QUIC configuration maker
+    and Alt-Svc. Whatever was opened is closed (the admin socket too) if one fails."""
+    socks, plain, udp, quic, alt_svc = [], [], [], None, b""
+    try:
+        socks = listeners(host, port, workers)
+        plain = listeners(host, http_port, workers) if http_port is not None else []
+        if quic_files:
+            bound = socks[0].getsockname()[1]
+            quic = _quic(*quic_files, limits)
+            udp = datagram_sockets(host, bound, workers)
+            alt_svc = _advertise(bound)
+    except ServeError:
+        for s in [admin] + socks + plain:
+            if s is not None:
+                s.close()
+        raise
+    return socks, plain, udp, quic, alt_svc
+
+
+def _sites_to_serve(build_dir, sites, hsts: int | None):
+    """(site or host table, what a reload runs, the name of what is served, reloadable)."""
+    loader = _with_hsts(load_site, hsts)
+    if sites is not None:
+        # a site loaded already (the container's own) gets HSTS once here, never per reload
+        sites = [(names, out if isinstance(out, (str, os.PathLike))
+                  else _with_hsts(lambda s: s, hsts)(out)) for names, out in sites]
+        site = load_sites(sites, load=loader)
+        return (site, _site_loader(sites, site, loader),
+                ", ".join(names[0] for names, _ in sites), True)
+    if isinstance(build_dir, (str, os.PathLike)):
+        return loader(build_dir), (lambda: loader(build_dir)), build_dir, True
+    return _with_hsts(lambda s: s, hsts)(build_dir), None, build_dir, False
+
+
+def _http3(wanted: bool, acme, certs: tuple) -> bool:
+    """HTTP/3 is served with one certificate from files."""
+    if wanted and (acme or len(certs) > 1):
+        # aioquic's configuration holds one certificate, made from files: no SNI choice, and
+        # ACME's certificate reaches only the TCP port's context so far.
+        print("orisha: HTTP/3 off: it serves one --tls-cert (ACME or several certificates: "
+              "TCP only)", file=sys.stderr)
+    return wanted and len(certs) == 1 and not acme
 
 
 def _loop(wanted: str, datagrams: bool = False):

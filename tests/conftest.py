@@ -171,5 +171,6 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(item, "callspec", None)
         values = set(map(str, params.params.values())) if params else set()
         if (os.path.basename(str(item.fspath)).startswith(SLOW_MODULES)
-                or values & SLOW_TARGETS or "chromium" in item.name.lower()):
+                or values & SLOW_TARGETS
+                or any(w in item.name.lower() for w in ("chromium", "container"))):
             item.add_marker(pytest.mark.slow)

@@ -439,17 +439,9 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None) ->
             target = ((site.rules and match_rules(site.rules, key, req.query, site))
                       or unknown(site, key, fields))
     if target.__class__ is not Entry:
-        if target.__class__ is Guarded:  # behind --basic-auth: credentials first
-            if not target.auth.allows(fields.get(b"authorization")):
-                return _unauthorized(target.auth, get, tail, close, discard)
-            target = target.target
-        if target.__class__ is Rules:  # a route whose rules have query conditions
-            target = (match_rules(target.rules, key, req.query, site) or target.default
-                      or unknown(site, key, fields))
-        if target.__class__ is Redirect:
-            q = b"?" + req.query if req.query is not None and target.query else b""
-            return Plan(target.location + q + target.tail, tail, b"", close, discard,
-                        target.status)
+        target = _indirect(target, site, key, req, get, tail, close, discard)
+        if target.__class__ is Plan:
+            return target
 
     entry: Entry = target
     mask = accept_encoding_mask(fields.get(b"accept-encoding"))
@@ -463,6 +455,25 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None) ->
         if plan is not None:
             return plan
     return Plan(v.head, tail, v.body if get else b"", close, discard, entry.status)
+
+
+def _indirect(target, site: Site, key: bytes, req, get: bool, tail: int, close: int,
+              discard: int):
+    """The Entry behind a route that is not one (Basic auth, query rules), or the Plan
+    that answers instead (a 401, a redirect)."""
+    fields = req.fields
+    if target.__class__ is Guarded:  # behind --basic-auth: credentials first
+        if not target.auth.allows(fields.get(b"authorization")):
+            return _unauthorized(target.auth, get, tail, close, discard)
+        target = target.target
+    if target.__class__ is Rules:  # a route whose rules have query conditions
+        target = (match_rules(target.rules, key, req.query, site) or target.default
+                  or unknown(site, key, fields))
+    if target.__class__ is Redirect:
+        q = b"?" + req.query if req.query is not None and target.query else b""
+        return Plan(target.location + q + target.tail, tail, b"", close, discard,
+                    target.status)
+    return target
 
 
 def _unauthorized(auth, get: bool, tail: int, close: int, discard: int) -> Plan:

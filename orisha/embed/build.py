@@ -76,24 +76,8 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
     over HTTP/2: orisha/protocols/hpack_blocks.py)."""
     started = time.monotonic()
-    if loop not in LOOPS:
-        raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
-    if basic_auth and loop == "unikernel":
-        raise BuildError("--basic-auth: not with --loop unikernel (the booted image has no "
-                         "bcrypt to check passwords); serve the build hosted or as a container")
-    areas = [auth.parse_option(v) for v in basic_auth]
-    if tls:  # (cert, key) for a kernel that serves TLS: checked before anything is built
-        if loop != "unikernel":
-            raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
-                             "(the hosted server takes them at `orisha serve`)")
-        from ..targets.unikernel.certs import check
-        tls = check(*tls)
-    if not os.path.isdir(site):
-        raise BuildError(f"{site}: no such directory" if not os.path.exists(site)
-                         else f"{site}: not a directory")
-    check_out(site, out)
-    fallback = _check_doc(site, fallback, "--fallback")
-    not_found = _check_doc(site, not_found, "--not-found")
+    areas, tls, fallback, not_found = _check_options(site, out, loop, basic_auth, tls,
+                                                     fallback, not_found)
     overrides = cache_control or []
 
     files = walk(site, warn, symlinks)
@@ -115,7 +99,8 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
                                            assets),
                               warn, strict_links, progress, early_hints)
     if not_found:
-        nf = docs.make(not_found, "404 Not Found", docs.headers("/" + not_found, not_found))
+        nf = docs.make(not_found, "404 Not Found",
+                       docs.headers("/" + not_found, not_found, hints=False))
     else:
         nf = assemble.document("404.html", assemble.BUILTIN_404, 0, None, overrides,
                                status="404 Not Found", dated=False)
@@ -134,6 +119,30 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
             image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
+
+
+def _check_options(site: str, out: str, loop: str, basic_auth, tls, fallback, not_found):
+    """The options checked before anything is built: (auth areas, the image's checked
+    certificate and key, the fallback and not-found documents)."""
+    if loop not in LOOPS:
+        raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
+    if basic_auth and loop == "unikernel":
+        raise BuildError("--basic-auth: not with --loop unikernel (the booted image has no "
+                         "bcrypt to check passwords); serve the build hosted or as a container")
+    areas = [auth.parse_option(v) for v in basic_auth]
+    if tls:  # (cert, key) for a kernel that serves TLS: checked before anything is built
+        if loop != "unikernel":
+            raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
+                             "(the hosted server takes them at `orisha serve`)")
+        from ..targets.unikernel.certs import check
+        tls = check(*tls)
+    if not os.path.isdir(site):
+        raise BuildError(f"{site}: no such directory" if not os.path.exists(site)
+                         else f"{site}: not a directory")
+    check_out(site, out)
+    fallback = _check_doc(site, fallback, "--fallback")
+    not_found = _check_doc(site, not_found, "--not-found")
+    return areas, tls, fallback, not_found
 
 
 def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: str | None,
@@ -226,10 +235,11 @@ class _Documents:
         self._rules: dict[int, emit.CompiledRule] = {}
         self.table: dict = {}  # the routes of the files alone (assemble.routes)
 
-    def headers(self, path: str, rel: str) -> tuple:
+    def headers(self, path: str, rel: str, hints: bool = True) -> tuple:
         """The author's fields for a path, after the page's early hints (a ``Link`` that
-        ``_headers`` may add to or remove with ``! Link``)."""
-        hint = self.hints.get(rel)
+        ``_headers`` may add to or remove with ``! Link``). ``hints``: False for a document
+        served as a 404, which gets no early hints (they go with a 200, RFC 8297 §2)."""
+        hint = self.hints.get(rel) if hints else None
         return rules.headers_for(self.header_rules, path, rel,
                                  (("Link", hint),) if hint else ())
 
@@ -272,7 +282,8 @@ class _Documents:
             return "rules", (tuple(self.rule(r) for r in pending),
                              None if default is None else self.route(key, default, guard))
         status = "404 Not Found" if kind == "doc404" else "200 OK"
-        return "doc", self.id(v, status, self.headers(path, v), private=not guard)
+        return "doc", self.id(v, status, self.headers(path, v, status.startswith("200")),
+                             private=not guard)
 
     def rule(self, r) -> "emit.CompiledRule":
         """A rule for the run-time matcher (made once, however many routes refer to it)."""
@@ -281,7 +292,7 @@ class _Documents:
             if r.status == 404:
                 for key, rel in rules.not_found_targets(r, self.table).items():
                     path = key.decode("utf-8", "surrogateescape")
-                    entries[key] = self.id(rel, "404 Not Found", self.headers(path, rel))
+                    entries[key] = self.id(rel, "404 Not Found", self.headers(path, rel, False))
             self._rules[id(r)] = emit.CompiledRule(
                 r.regex.pattern.encode("utf-8", "surrogateescape"), r.conditions(), r.pieces(),
                 r.status, r.keeps_query, entries, rules.pattern_pieces(r.source), r.where)
