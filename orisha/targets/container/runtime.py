@@ -112,6 +112,17 @@ def parser():
                         "the build in this executable; HOST=PATH adds a build folder mounted "
                         "into the container (`orisha build SITE -o PATH`). Repeat it; the first "
                         "answers unknown hosts.")
+    _tls_options(p, env)
+    for limit in LIMITS:
+        p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
+                       default=limit.default, help=f"{limit.help} [default {limit.default}]")
+    p.add_argument("--info", action="store_true",
+                   help="Print the embedded build's manifest and exit.")
+    return p
+
+
+def _tls_options(p, env) -> None:
+    """HTTPS, HTTP/3, the redirect port, HSTS and ACME: `orisha serve`'s options."""
     p.add_argument("--tls-cert", default=env("TLS_CERT"), metavar="FILE",
                    help="PEM certificate (chain allowed), mounted at run time: the port speaks "
                         "TLS, HTTP/2 and HTTP/1.1 by ALPN, and HTTP/3 on the same port number "
@@ -140,12 +151,6 @@ def parser():
                    help="CA bundle for the ACME directory's HTTPS [$ACME_CA].")
     p.add_argument("--state", default=env("STATE"), metavar="DIR",
                    help="ACME state (account, certificate): a volume [$STATE].")
-    for limit in LIMITS:
-        p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
-                       default=limit.default, help=f"{limit.help} [default {limit.default}]")
-    p.add_argument("--info", action="store_true",
-                   help="Print the embedded build's manifest and exit.")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
