@@ -231,6 +231,9 @@ class Manager:
         self.go_pending = self.answered = self.announce = False
         self.failures = 0  # consecutive
         self.attempts = self.failed = self.issued = 0
+        # A first issuance that fails stops the server (one site: nothing to serve); one of
+        # several sites (``Several``) retries instead, the others serving meanwhile.
+        self.fatal = True
         now = time.monotonic()
         if self.stored.covers(domains) and self.stored.not_after > time.time():
             self.next_at = now + max(0.0, self.stored.renew_at() - time.time())
@@ -372,8 +375,14 @@ class Manager:
         self.failures += 1
         self.go_pending = False
         if not self.stored.covers(self.domains):
-            sup.fail(f"cannot get a certificate for {', '.join(self.domains)}: {why}")
-            self.next_at = float("inf")
+            if self.fatal:
+                sup.fail(f"cannot get a certificate for {', '.join(self.domains)}: {why}")
+                self.next_at = float("inf")
+                return
+            delay = min(60.0 * 2 ** (self.failures - 1), 3600.0)
+            self.next_at = time.monotonic() + delay
+            print(f"orisha: ACME: no certificate yet for {', '.join(self.domains)} ({why}); "
+                  f"the other sites serve on; next attempt in {delay:.0f} s", file=sys.stderr)
             return
         life = max(1.0, self.stored.not_after - self.stored.not_before)
         base = min(max(life / 100, 1.0), 60.0)
@@ -394,6 +403,8 @@ class Several:
 
     def __init__(self, managers: list[Manager]) -> None:
         self.managers = managers
+        for m in managers:
+            m.fatal = len(managers) == 1
 
     @property
     def tokens(self) -> dict[bytes, bytes]:

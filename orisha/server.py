@@ -245,8 +245,9 @@ def _sites_to_serve(build_dir, sites, hsts: int | None):
     loader = _with_hsts(load_site, hsts)
     if sites is not None:
         # a site loaded already (the container's own) gets HSTS once here, never per reload
-        sites = [(names, out if isinstance(out, (str, os.PathLike))
-                  else _with_hsts(lambda s: s, hsts)(out)) for names, out in sites]
+        once = {id(out): _with_hsts(lambda s: s, hsts)(out) for _, out in sites
+                if not isinstance(out, (str, os.PathLike))}  # one site may serve several names
+        sites = [(names, once.get(id(out), out)) for names, out in sites]
         site = load_sites(sites, load=loader)
         return (site, _site_loader(sites, site, loader),
                 ", ".join(names[0] for names, _ in sites), True)
@@ -358,7 +359,8 @@ def _with_hsts(load, seconds: int | None):
     def loaded(arg):
         from .core.upgrade import hsts
         from .protocols.hpack_blocks import block
-        return hsts(load(arg), seconds, encode=block)
+        from .protocols.qpack_blocks import section
+        return hsts(load(arg), seconds, encode=block, section=section)
     return loaded
 
 

@@ -205,6 +205,7 @@ class Supervisor:
         self.due: dict[int, float] = {}  # worker index → when to restart it
         self.gen = 0
         self.stopping = self.reload_pending = self.serving = False
+        self.renew_pending = ""  # why a renewal waits for a draining generation to finish
         self.restarts = self.reloads = 0
         self.exit_status = 0  # 1 after ``fail`` (a first ACME issuance that failed)
         self.pid = os.getpid()
@@ -238,6 +239,8 @@ class Supervisor:
                 self._reload()
             self._restart_due()
             self._escalate()
+            if self.renew_pending and not self.stopping:
+                self._renew(self.renew_pending)
             if self.watch and not self.stopping and self.watch.changed():
                 self._renew("the certificate files changed")
             if self.acme and not self.stopping:
@@ -422,6 +425,10 @@ class Supervisor:
         generation keeps serving and one line says why. True if a generation started."""
         if self.make_protocols is None:
             return False
+        if len(self._draining()) >= MAX_DRAINING:  # no counter slots for one more generation
+            self.renew_pending = why  # retried each turn; ``settled`` is False until then
+            return True
+        self.renew_pending = ""
         try:
             protocols = self.make_protocols()
             quic = self.make_quic() if self.make_quic else None  # HTTP/3 reads the files too
@@ -442,7 +449,7 @@ class Supervisor:
         """Only the current generation is left, and every one of its workers is in its loop:
         what it was forked with (a challenge, a certificate) is what every connection meets."""
         current = [w for w in self.live.values() if w.gen == self.gen]
-        return (not self._draining() and len(current) == self.workers
+        return (not self.renew_pending and not self._draining() and len(current) == self.workers
                 and all(self.stats.started(w.slot) for w in current))
 
     def fail(self, message: str) -> None:

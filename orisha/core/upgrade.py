@@ -78,10 +78,11 @@ class Upgrade(App):
         return plan
 
 
-def hsts(site, seconds: int, encode=None):
+def hsts(site, seconds: int, encode=None, section=None):
     """Add ``Strict-Transport-Security: max-age=SECONDS`` (RFC 6797 §6.1) to every head of
     ``site``, in place, once at load time; ``encode(head)``: the HTTP/2 block encoder
-    (orisha/protocols/hpack_blocks.py), for the blocks the build stored. Returns ``site``."""
+    (orisha/protocols/hpack_blocks.py) and ``section(head)`` the QPACK one
+    (qpack_blocks.py), for the blocks and sections the build stored. Returns ``site``."""
     line = b"Strict-Transport-Security: max-age=%d\r\n" % seconds
     entries, redirects, seen = [site.not_found, site.fallback], [], set()
     rules = list(site.rules)
@@ -114,6 +115,8 @@ def hsts(site, seconds: int, encode=None):
                 v.fields += line
             if v.h2 and encode is not None:
                 v.h2, v.h2_304 = encode(v.head), encode(v.head_304)
+            if getattr(v, "h3", None) and section is not None:
+                v.h3, v.h3_304 = section(v.head), section(v.head_304)
     for r in redirects:
         if id(r) not in seen:
             seen.add(id(r))

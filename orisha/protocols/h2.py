@@ -449,8 +449,10 @@ class H2Connection:
         if decoded is None:
             return
         if kind == _Block.REQUEST:
-            half_local = sum(1 for b in self.remote_open.values() if b.send is not None)
-            if len(self.streams) + half_local >= MAX_STREAMS:
+            # The scan only near the limit: len(remote_open) bounds the half-closed count.
+            if (len(self.streams) + len(self.remote_open) >= MAX_STREAMS
+                    and len(self.streams) + sum(1 for b in self.remote_open.values()
+                                                if b.send is not None) >= MAX_STREAMS):
                 self._reset(sid, Error.REFUSED_STREAM)  # §5.1.2: half-closed streams count
                 self._spend()
                 return
