@@ -533,3 +533,13 @@ def test_after_a_reload_the_new_generation_serves_h3(builds, pki):
             assert h3_get(s.port, pki.ca, [("/css/site.css", "GET", ())])[0][0] == 200
     finally:
         s.stop()
+
+
+def test_hsts_is_on_h3_answers_as_on_http11(builds, pki):
+    """--hsts changes the heads at load time; the build's QPACK sections are made anew too."""
+    s = h3_server(builds, "epoll", pki, "--hsts", "600")
+    for (status, fields, _, _), want in zip(
+            h3_get(s.port, pki.ca, [("/", "GET", []), ("/css/site.css", "GET", []),
+                                    ("/", "GET", [("if-none-match", "*")])]), (200, 200, 304)):
+        assert status == want and fields.get("strict-transport-security") == "max-age=600", fields
+    assert http11(s.port, pki, "GET", "/", {})[1]["strict-transport-security"] == "max-age=600"
