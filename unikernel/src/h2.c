@@ -723,7 +723,7 @@ static int64_t declared(long list_len)
         const uint8_t *name, *value;
         uint32_t nlen, vlen;
         next_field(&off, &name, &nlen, &value, &vlen);
-        if (!same(name, nlen, "content-length"))
+        if (!same(name, nlen, policy_field_names[FIELD_CONTENT_LENGTH]))
             continue;
         if (first && (vlen != first_len || memcmp(value, first, vlen)))
             return -1;
