@@ -59,6 +59,8 @@ class _Client(QuicConnectionProtocol):
         self.h3 = _Recorder(self._quic)
         self.waiting: dict[int, asyncio.Future] = {}
         self.got: dict[int, list] = {}
+        self.interim: dict[int, list] = {}  # stream → its 1xx responses (h3_get)
+        self.order: list[int] = []          # the streams of request(), in call order
         self.closed = asyncio.get_running_loop().create_future()
 
     def quic_event_received(self, event) -> None:
@@ -68,7 +70,9 @@ class _Client(QuicConnectionProtocol):
             r = self.got.get(e.stream_id)
             if r is None:
                 continue
-            if isinstance(e, HeadersReceived):
+            if isinstance(e, HeadersReceived) and _interim(e.headers):
+                self.interim.setdefault(e.stream_id, []).append(dict(e.headers))
+            elif isinstance(e, HeadersReceived):
                 r[0].extend(e.headers)
             elif isinstance(e, DataReceived):
                 r[1] += e.data
@@ -76,8 +80,10 @@ class _Client(QuicConnectionProtocol):
                 self.waiting[e.stream_id].set_result(None)
 
     async def request(self, path: str, method: str = "GET", headers=()) -> tuple:
-        """(status, {name: value}, body, raw field section) of one request."""
+        """(status, {name: value}, body, raw field section) of one request's final
+        response; its interim ones (a 103) are kept in ``interim``."""
         sid = self._quic.get_next_available_stream_id()
+        self.order.append(sid)
         self.got[sid] = [[], bytearray()]
         self.waiting[sid] = asyncio.get_running_loop().create_future()
         if method == "HEAD":
@@ -92,17 +98,27 @@ class _Client(QuicConnectionProtocol):
         d = {}
         for k, v in fields:
             d[k.decode()] = v.decode()
-        return int(d.pop(":status")), d, bytes(body), self.h3.sections[sid][0]
+        return int(d.pop(":status")), d, bytes(body), self.h3.sections[sid][-1]
 
 
-def h3_get(port: int, ca: str, requests: list) -> list:
-    """Every (path, method, headers) of ``requests`` on one connection, concurrently."""
+def _interim(headers) -> bool:
+    return any(k == b":status" and v[:1] == b"1" for k, v in headers)
+
+
+def h3_get(port: int, ca: str, requests: list, interim: list | None = None) -> list:
+    """Every (path, method, headers) of ``requests`` on one connection, concurrently. With
+    ``interim``, a list: each request's (interim responses' fields, every raw field section
+    of its stream in order) is appended to it, in request order."""
     async def run():
         config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
         config.load_verify_locations(ca)
         async with connect("127.0.0.1", port, configuration=config, create_protocol=_Client,
                            wait_connected=True) as client:
-            return await asyncio.gather(*(client.request(*r) for r in requests))
+            got = await asyncio.gather(*(client.request(*r) for r in requests))
+            if interim is not None:
+                interim.extend((client.interim.get(sid, []), client.h3.sections[sid])
+                               for sid in client.order)
+            return got
     return asyncio.run(asyncio.wait_for(run(), 60))
 
 
@@ -202,6 +218,61 @@ def test_the_field_section_on_the_wire_is_the_builds(builds, pki):
         assert section == want + date_field(fields["date"].encode())
 
 
+def _hint_cases(site) -> tuple[list, list]:
+    """(requests, the 103 section each must get first, b"" for none): the demo's pages with
+    hints (its index, in identity and br, and its HEAD) and without (a stylesheet, an image,
+    the not-found page, a 304 of the index)."""
+    from orisha.protocols.qpack_blocks import early_section
+    index = site.routes[b"/"]
+    br = next(v for v in index.variants if v.coding == b"br")
+    cases = [(("/", "GET", ()), index.identity.head), (("/", "GET", [("accept-encoding", "br")]), br.head),
+             (("/", "HEAD", ()), index.identity.head),
+             (("/css/site.css", "GET", ()), None), (("/img/pixel.png", "GET", ()), None),
+             (("/nope", "GET", ()), None),
+             (("/", "GET", [("if-none-match", index.identity.etag.decode())]), None)]
+    return [r for r, _ in cases], [early_section(h) if h else b"" for _, h in cases]
+
+
+@pytest.mark.parametrize("loop", ["epoll", "epoll-pure"])
+def test_a_page_with_early_hints_gets_a_103_before_its_200(builds, pki, loop):
+    """RFC 8297 over HTTP/3: the demo's index (its stylesheet is a hint) is answered with a
+    103 whose Link is the preload values of its 200, as the first field section of the
+    stream — the bytes qpack_blocks.early_section made when the site was taken — then the
+    200; a stylesheet, an image, the 404 page and a 304 get no 103."""
+    from orisha.server import load_site
+    site = load_site(builds["notfound"])
+    requests, want = _hint_cases(site)
+    assert want[0] and not want[-1]
+    s = h3_server(builds, loop, pki)
+    interim: list = []
+    got = h3_get(s.port, pki.ca, requests, interim)
+    for req, (status, fields, _, final), (hints, sections), section in zip(requests, got,
+                                                                             interim, want):
+        assert status in (200, 304, 404), (req, status)
+        if not section:
+            assert hints == [] and sections == [final], req
+            continue
+        assert status == 200 and sections == [section, final], (req, sections, section)
+        assert hints == [{b":status": b"103", b"link": fields["link"].encode()}], (req, hints)
+        assert "rel=preload" in fields["link"] and "/css/site.css" in fields["link"]
+
+
+def test_no_early_hints_builds_send_no_103_over_h3(pki, tmp_path):
+    from conftest import DEMO, orisha
+    out = str(tmp_path / "plain")
+    r = orisha("build", DEMO, "-o", out, "--not-found", "404.html", "--no-early-hints")
+    assert r.returncode == 0, r.stderr
+    s = serve(out, "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
+    try:
+        interim: list = []
+        got = h3_get(s.port, pki.ca, [("/", "GET", ()), ("/", "HEAD", ())], interim)
+    finally:
+        s.stop()
+    assert [g[0] for g in got] == [200, 200] and "link" not in got[0][1]
+    assert [(h, len(sections)) for h, sections in interim] == [([], 1), ([], 1)]
+
+
 def test_every_built_section_decodes_to_its_head(builds):
     """site.py's sections (qpack_blocks.section of each head) decode, with pylsqpack, to the
     head's own fields: the static table and literals are right."""
@@ -239,7 +310,7 @@ def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki):
     ep = h3.Endpoint(App(site), h3.configuration(pki.chain, pki.key, 15))
     headers, sections, _ = _in_memory(ep, pki)
     assert headers[b"x-section"] == b"from-the-build"
-    assert sections[0].startswith(v.h3)
+    assert sections[-1].startswith(v.h3)
 
 
 def _in_memory(ep, pki, path: bytes = b"/"):
@@ -268,7 +339,7 @@ def _in_memory(ep, pki, path: bytes = b"/"):
                 ch3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
                                        (b":authority", b"localhost"), (b":path", path)], True)
             for e in ch3.handle_event(event):
-                if isinstance(e, HeadersReceived):
+                if isinstance(e, HeadersReceived) and not _interim(e.headers):
                     done.append(dict(e.headers))
             event = client.next_event()
         if done:

@@ -121,8 +121,9 @@ class _Pair:
     def __init__(self, out: str, pki) -> None:
         from test_unikernel_tls import TlsBoot
         self.out = out
+        # --no-http3: the image has no HTTP/3, so no Alt-Svc field to compare
         self.py = serve(out, "--loop", "epoll", "--workers", "1", "--tls-cert", pki.chain,
-                        "--tls-key", pki.key, *TEST_LIMITS)
+                        "--tls-key", pki.key, "--no-http3", *TEST_LIMITS)
         assert self.py.line.startswith("orisha: serving https://"), self.py.line
         try:
             self.uk = TlsBoot(out)  # the same TEST_LIMITS
@@ -370,6 +371,11 @@ def _heads(port: int, pki, requests: list) -> list[tuple[bytes, int]]:
     """Each request (method, path, fields) on its own stream of one connection: the raw
     payload of its response's HEADERS frame (always one frame with END_HEADERS from either
     server, never padded) and the frame's flags, in request order."""
+    return [frames[-1] for frames in _all_heads(port, pki, requests)]
+
+
+def _all_heads(port: int, pki, requests: list) -> list[list[tuple[bytes, int]]]:
+    """As ``_heads``, every HEADERS frame of each stream in order (a 103, then the answer)."""
     enc = Encoder()
     case = Case()
     case.data += settings_frame([])
@@ -381,8 +387,11 @@ def _heads(port: int, pki, requests: list) -> list[tuple[bytes, int]]:
         case.expect.add(sid)
     got = _exchange(port, client_context(pki, ("h2",)), case)
     assert not got["timed_out"] and not got["eof"], got
-    heads = {sid: (p, fl) for t, fl, sid, p in got["frames"] if t == HEADERS}
-    assert all(fl & END_HEADERS for _, fl in heads.values())
+    heads: dict[int, list] = {}
+    for t, fl, sid, p in got["frames"]:
+        if t == HEADERS:
+            assert fl & END_HEADERS, (sid, fl)
+            heads.setdefault(sid, []).append((p, fl))
     return [heads[2 * i + 1] for i in range(len(requests))]
 
 
@@ -455,6 +464,35 @@ def test_h2_response_blocks_are_the_builds(demo_pair, pki):
     uk = dict(Decoder().decode(_heads(demo_pair.uk.port, pki, per_request[:1])[0][0], raw=True))
     assert uk[b":status"] == b"206" and uk[b"content-range"] == b"bytes 0-9/%d" % len(big.identity.body)
     assert uk[b"content-length"] == b"10"
+
+
+def test_h2_early_hints_from_the_image_are_the_builds(demo_pair, pki):
+    """A page with early hints (the demo's index, in identity and br, and its HEAD) is
+    answered by the image with a 103 first: one HEADERS frame, END_HEADERS without
+    END_STREAM, whose payload is exactly ``hpack_blocks.early_hints`` of the 200's head (the
+    hosted server's bytes, the same first frame), then the 200's block; a stylesheet, the
+    404 page and a 304 of the index get no 103."""
+    from orisha.protocols.hpack_blocks import block, early_hints
+    site = load_site(demo_pair.out)
+    index = site.routes[b"/"]
+    br = next(v for v in index.variants if v.coding == b"br")
+    hinted = [(("GET", "/", {"accept-encoding": "identity"}), index.identity.head),
+              (("GET", "/", {"accept-encoding": "br"}), br.head),
+              (("HEAD", "/", {"accept-encoding": "identity"}), index.identity.head)]
+    plain = [("GET", "/css/site.css", {}), ("GET", "/nope", {}),
+             ("GET", "/", {"accept-encoding": "identity", "if-none-match": index.identity.etag.decode()})]
+    requests = [r for r, _ in hinted] + plain
+    for port in (demo_pair.uk.port, demo_pair.py.port):
+        got = _all_heads(port, pki, requests)
+        for ((req, head), frames) in zip(hinted, got):
+            hints = early_hints(head)
+            assert hints and b"/css/site.css" in Decoder().decode(hints, raw=True)[1][1]
+            assert len(frames) == 2, (port, req, frames)
+            assert frames[0] == (hints, END_HEADERS), (port, req, frames[0], hints)
+            assert frames[1][0].startswith(block(head)), (port, req)
+        for req, frames in zip(plain, got[len(hinted):]):
+            assert len(frames) == 1 and Decoder().decode(frames[0][0], raw=True)[0][1] != b"103", \
+                (port, req, frames)
 
 
 # -- the generator ------------------------------------------------------------------------------

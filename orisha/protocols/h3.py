@@ -15,6 +15,9 @@ connection) plus one Date literal, then one DATA frame whose payload is the
 blob's bytes, fed to the stream as its buffer drains (at most ``_STREAM_AHEAD``
 bytes queued per stream, so a large body never sits in memory whole).
 ``H3Connection.send_headers`` is not used: it would encode every section anew.
+A 200 whose Link preloads is preceded on its stream by a 103 Early Hints
+(RFC 8297; an interim response, RFC 9114 §4.1), its HEADERS frame made once per
+variant when the site is taken (``Sections.early``, with HTTP/2's selection).
 
 ``Endpoint`` is the datagram side of the loop seam (``orisha/loops/base.py``):
 one per worker, every connection of its UDP socket, demultiplexed by the
@@ -359,6 +362,10 @@ class Endpoint:
             app.log_lines.append(log_line(c.peer, now, line, status, len(body)))
         section = _SECTIONS.get(head) + _date_field(now)
         frames = encode_frame(FrameType.HEADERS, section)
+        if _SECTIONS.early:
+            # RFC 8297, RFC 9114 §4.1: the 103 of a page with early hints, its HEADERS
+            # frame made when the site was taken, on the stream before the 200's.
+            frames = _SECTIONS.early.get(head, b"") + frames
         if not body:
             c.quic.send_stream_data(sid, frames, True)
             return

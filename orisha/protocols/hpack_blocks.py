@@ -103,17 +103,22 @@ _LINK_VALUE = re.compile(rb"\s*(<[^>]*>[^,]*)")
 _HINT_RELS = re.compile(rb";\s*rel=\"?(?:preload|modulepreload|preconnect)\b", re.I)
 
 
-def early_hints(head: bytes) -> bytes:
-    """The header block of the 103 Early Hints for a 200 head: its Link values that ask
-    to preload or preconnect (what a browser acts on in a 103, as Cloudflare sends), or
-    b"" when there is none. Made once per variant when a site is taken."""
+def hint_links(head: bytes) -> bytes:
+    """The ``link`` value of the 103 Early Hints (RFC 8297) for a 200 head: its Link values
+    that ask to preload or preconnect (what a browser acts on in a 103, as Cloudflare
+    sends), joined, or b"" when there is none. The one rule for HTTP/2 (``early_hints``),
+    HTTP/3 (``qpack_blocks.early_section``) and the image (which stores the HTTP/2 block)."""
     if head[9:12] != b"200":
         return b""
-    values = [v for m in _LINK.finditer(head) for v in _LINK_VALUE.findall(m.group(1))
-              if _HINT_RELS.search(v)]
-    if not values:
-        return b""
-    return field(b":status", b"103") + field(b"link", b", ".join(v.strip() for v in values))
+    return b", ".join(v.strip() for m in _LINK.finditer(head)
+                      for v in _LINK_VALUE.findall(m.group(1)) if _HINT_RELS.search(v))
+
+
+def early_hints(head: bytes) -> bytes:
+    """The header block of the 103 Early Hints for a 200 head (``hint_links``), or b"" when
+    there is none. Made once per variant when a site is taken."""
+    links = hint_links(head)
+    return field(b":status", b"103") + field(b"link", links) if links else b""
 
 
 class Blocks:

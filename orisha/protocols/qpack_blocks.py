@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import functools
 
+from aioquic.h3.connection import FrameType, encode_frame
 from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
-from .hpack_blocks import CONNECTION_FIELDS, variants
+from .hpack_blocks import CONNECTION_FIELDS, hint_links, variants
 
 # RFC 9204 Appendix A: the static table, index 0 to 98 (a test decodes with pylsqpack).
 STATIC = (
@@ -128,30 +129,44 @@ def section(head: bytes) -> bytes:
     return b"".join(out)
 
 
+def early_section(head: bytes) -> bytes:
+    """The field section of the 103 Early Hints (RFC 8297; RFC 9114 §4.1 allows interim
+    responses before the final one) for a 200 head: ``:status 103`` (static index 24) and
+    the Link values ``hpack_blocks.hint_links`` selects, or b"" when there is none."""
+    links = hint_links(head)
+    return PREFIX + field(b":status", b"103") + field(b"link", links) if links else b""
+
+
 def date_field(http_date: bytes) -> bytes:
     """The ``date`` field (static name 6) for one second's IMF-fixdate."""
     return field(b"date", http_date)
 
 
 class Sections:
-    """Head bytes → field section: the build's sections of a site, then a bounded memo."""
+    """Head bytes → field section: the build's sections of a site, then a bounded memo;
+    and 200 head → the HEADERS frame of its 103, for the heads whose Link preloads."""
 
-    __slots__ = ("built", "site", "memo")
+    __slots__ = ("built", "site", "memo", "early")
 
     def __init__(self) -> None:
         self.built: dict[bytes, bytes] = {}
         self.site = None
         self.memo: dict[bytes, bytes] = {}
+        self.early: dict[bytes, bytes] = {}
 
     def take(self, site) -> None:
-        """Use the sections ``site``'s build encoded (once per site object)."""
+        """Use the sections ``site``'s build encoded, and make its 103 frames (once per
+        site object)."""
         if site is self.site:
             return
-        self.site, self.built = site, {}
+        self.site, self.built, self.early = site, {}, {}
         for v in variants(site):
             if v.h3:
                 self.built[v.head] = v.h3
                 self.built[v.head_304] = v.h3_304
+            hints = early_section(v.head)
+            if hints:  # framed here too: the request path only looks it up
+                self.early[v.head] = encode_frame(FrameType.HEADERS, hints)
 
     def get(self, head: bytes) -> bytes:
         s = self.built.get(head)

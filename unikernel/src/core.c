@@ -1202,8 +1202,8 @@ static void seg(struct core_conn *c, const void *p, size_t len, int copy)
 {
     if (!len)
         return;
-    if (!c->resp.n)
-        c->resp.h2_len = 0; /* a new plan: no stored block unless its planner names one */
+    if (!c->resp.n) /* a new plan: no stored block unless its planner names one */
+        c->resp.h2_len = c->resp.h2_103_len = 0;
     ASSERT(c->resp.n < CORE_SEGS && len <= 0xffffffffu);
     c->resp.seg[c->resp.n++] = (struct core_seg){ p, (uint32_t)len, (uint8_t)copy };
 }
@@ -1569,6 +1569,8 @@ static void answer_entry(struct core_conn *c, const struct request *r, const str
         return;
     emit(c, img + v->head_off, v->head_len, v->h2_off, v->h2_len, kind, img + v->body_off,
          get ? v->body_len : 0, close, 0);
+    c->resp.h2_103 = img + v->h2_103_off; /* after emit: its first seg() cleared it */
+    c->resp.h2_103_len = v->h2_103_len;
 }
 
 /* answer(): the response for one complete head (without its final empty line). */

@@ -64,6 +64,10 @@ struct core_resp {
      * a query or captures), which h2.c converts. */
     const uint8_t *h2;
     uint32_t h2_len, h2_head;
+    /* A variant's 200 with early hints: the HTTP/2 block of its 103 (image.py,
+     * hpack_blocks.early_hints), which h2.c sends first. h2_103_len 0: none. */
+    const uint8_t *h2_103;
+    uint32_t h2_103_len;
 };
 
 struct core_conn {

@@ -8,7 +8,9 @@
  * Huffman-coded where shorter, no dynamic table, the hosted server's bytes),
  * followed by the Date field; a head made per request (a 206, a redirect with a
  * query) is converted here the same way but without Huffman. Its body goes in
- * DATA frames that point into the image.
+ * DATA frames that point into the image. A variant's 200 with early hints is
+ * preceded by a 103 (RFC 8297; §8.1: an informational HEADERS frame without
+ * END_STREAM), its block the build stored too (hpack_blocks.early_hints).
  *
  * Requests are decoded at once (HPACK state is shared by the whole connection)
  * and wait as heads in a bounded queue (one that does not fit gets
@@ -721,7 +723,7 @@ static int64_t declared(long list_len)
         const uint8_t *name, *value;
         uint32_t nlen, vlen;
         next_field(&off, &name, &nlen, &value, &vlen);
-        if (!same(name, nlen, "content-length"))
+        if (!same(name, nlen, policy_field_names[FIELD_CONTENT_LENGTH]))
             continue;
         if (first && (vlen != first_len || memcmp(value, first, vlen)))
             return -1;
@@ -1330,19 +1332,30 @@ _Static_assert(OBUF_CAP <= H2_FRAME_MAX, "a header block in one frame");
 static int emit_headers(struct h2 *h)
 {
     long head = gather_head(h);
-    uint32_t start = h->olen + 9, sid = h->cur_sid;
-    uint32_t o = head >= 12 ? encode_head(h, head, start) : 0;
+    struct core_resp *r = &h->core->resp;
+    /* The 103 goes in the same batch, just before the 200 (as h2.py writes them). */
+    uint32_t early = r->h2_103_len ? 9 + r->h2_103_len : 0;
+    uint32_t start = h->olen + early + 9, sid = h->cur_sid;
+    uint32_t o = head >= 12 && start <= OBUF_CAP ? encode_head(h, head, start) : 0;
+    if (!o && early && !h->olen) { /* beyond even an empty batch with it: the 200 alone */
+        early = 0;
+        start = 9;
+        o = head >= 12 ? encode_head(h, head, start) : 0;
+    }
     if (!o) {
         if (h->olen)
             return 0; /* the batch is partly full: this head goes first in the next */
         reset(h, sid, INTERNAL_ERROR); /* no head, or one beyond the batch buffer */
         return 1;
     }
-    struct core_resp *r = &h->core->resp;
     uint64_t left = body_left(h);
+    if (early) {
+        put_frame(h->obuf + h->olen, r->h2_103_len, HEADERS, F_END_HEADERS, sid);
+        memcpy(h->obuf + h->olen + 9, r->h2_103, r->h2_103_len);
+    }
     put_frame(h->obuf + start - 9, o - start, HEADERS,
               (uint8_t)(F_END_HEADERS | (left ? 0 : F_END_STREAM)), sid);
-    add_seg(h, h->obuf + start - 9, 9 + o - start);
+    add_seg(h, h->obuf + h->olen, o - h->olen);
     h->olen = o;
     if (left && (r->n - h->bseg > 1 || r->seg[h->bseg].copy)) {
         h->cur_state = R_DATA;

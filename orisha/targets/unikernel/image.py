@@ -54,10 +54,10 @@ from ...core.site import CODING_BITS, REDIRECTS, Entry, Redirect, Variant
 from ...embed.assemble import Document
 from ...embed.emit import boundary
 from ...errors import BuildError
-from ...protocols.hpack_blocks import block
+from ...protocols.hpack_blocks import block, early_hints
 
 MAGIC = 0x4953524F  # "ORSI"
-VERSION = 5
+VERSION = 6  # 6: a variant's 103 Early Hints block (h2_103)
 NONE = 0xFFFFFFFF   # no such entry (the header's fallback), no such capture slot
 NO_VARIANT = 0xFF   # an entry's choice for a mask nothing acceptable answers: 406
 # A route's kind: an entry, a redirect, or (a ``Rules`` route whose rules all fail and
@@ -122,9 +122,12 @@ HEADER = Record("header", ("magic", "u32"), ("version", "u32"), ("size", "u32"),
 # ``h2``, ``h2_304``, ``h2_416``: the HTTP/2 header block of the head beside it
 # (``hpack_blocks.block``, the bytes the hosted server's site.py carries), which h2.c
 # sends in place of converting the head; a route's is its redirect's without a query.
+# ``h2_103``: the HTTP/2 block of the 103 Early Hints sent before a variant's 200 (RFC
+# 8297; ``hpack_blocks.early_hints`` of its head, the hosted server's bytes; empty: none).
 ERROR = Record("error", ("status", "u32"), ("head", "span"), ("body", "span"), ("h2", "span"))
 VARIANT = Record("variant", ("head", "span"), ("head_304", "span"), ("fields", "span"),
-                 ("etag", "span"), ("body", "span"), ("h2", "span"), ("h2_304", "span"))
+                 ("etag", "span"), ("body", "span"), ("h2", "span"), ("h2_304", "span"),
+                 ("h2_103", "span"))
 ENTRY = Record("entry", ("last_modified", "i64"), ("flags", "u32"), ("identity", "u32"),
                ("head_416", "span"), ("variants", "table"), ("choice", "choice"),
                ("multi_fields", "span"), ("part_type", "span"), ("h2_416", "span"))
@@ -251,7 +254,8 @@ def _documents(img: _Image, entries: list[Entry]) -> None:
         variants = img.add("variants", [
             dict(head=put(v.head), head_304=put(v.head_304), fields=put(v.fields),
                  etag=put(v.etag), body=put(v.body), h2=_h2(put, v.head),
-                 h2_304=_h2(put, v.head_304)) for v in e.variants])
+                 h2_304=_h2(put, v.head_304), h2_103=put(early_hints(bytes(v.head))))
+            for v in e.variants])
         img.add("entries", [dict(
             last_modified=e.last_modified, flags=ENTRY_CONDITIONAL if e.conditional else 0,
             identity=e.variants.index(e.identity), head_416=put(e.head_416), variants=variants,
