@@ -318,6 +318,8 @@ def test_the_container_speaks_https_h2_and_h2c(container_tls, container_plain, p
             for h in ("date", "connection"):
                 hs.pop(h, None)
                 r.headers.pop(h, None)
+            if proto == "tls":  # HTTP/3 is advertised on the TLS port only (its port inside)
+                assert r.headers.pop("alt-svc").startswith('h3=":'), (method, path)
             assert (r.status, r.headers, r.body) == (status, hs, body), (proto, method, path)
     out = tmp_path / "page"
     r = subprocess.run(["curl", "-sS", "--http2", "--cacert", pki.ca, "-o", str(out), "-w",
