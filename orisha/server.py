@@ -380,7 +380,7 @@ def _quic(cert: str, key: str, limits: Limits):
     try:
         from .protocols import h3  # aioquic is imported only by a server that speaks HTTP/3
     except ImportError as e:
-        raise ServeError(f"HTTP/3 needs aioquic (pip install 'orisha[h3]'), or --no-http3: {e}") \
+        raise ServeError(f"HTTP/3 needs aioquic (a dependency of orisha: pip install aioquic), or --no-http3: {e}") \
             from None
     make = lambda: h3.configuration(cert, key, limits.idle_timeout)  # noqa: E731
     make()

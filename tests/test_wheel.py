@@ -29,6 +29,7 @@ import sys
 import tarfile
 import threading
 import time
+import tomllib
 import zipfile
 
 import pytest
@@ -42,7 +43,8 @@ PYENV = os.path.expanduser(os.environ.get("PYENV_ROOT", "~/.pyenv"))
 OTHER_PYTHONS = {"3.12": os.path.join(PYENV, "versions", "3.12.1", "bin", "python"),
                  "3.13": os.path.join(PYENV, "versions", "3.13.0", "bin", "python")}
 BUILD_DEPS = ["setuptools>=68", "Cython>=3.0"]
-RUN_DEPS = ["click>=8.1", "brotli>=1.1", "zstandard>=0.22", "hpack>=4.0"]  # pyproject's
+with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    RUN_DEPS = tomllib.load(f)["project"]["dependencies"]  # what `pip install orisha` pulls
 PIP = ["-m", "pip", "--disable-pip-version-check"]
 TIMEOUT = 900
 
