@@ -268,7 +268,16 @@ def _quic_pairs(acme, certs: tuple, keys: tuple):
     if acme:
         return acme.certificates
     from .protocols import tls
-    return lambda: [(tls.names(c), c, k) for c, k in zip(certs, keys)]
+
+    def files():
+        pairs = []
+        for c, k in zip(certs, keys):
+            try:
+                pairs.append((tls.names(c), c, k))
+            except OSError as e:  # ssl.SSLError too: changed since the TCP side read it
+                raise ServeError(f"{c}: cannot read the certificate's names ({e})") from None
+        return pairs
+    return files
 
 
 def _loop(wanted: str, datagrams: bool = False):
