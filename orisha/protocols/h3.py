@@ -418,9 +418,10 @@ class Endpoint:
 
     def _respond(self, c: _Conn, sid: int, plan, line: bytes, now: float,
                  request: bytes = b"") -> None:
-        head, _, body, _, _, status = plan
+        head, _, body, _, _, status, stats = plan
         app = c.app
-        stats = app.stats
+        if stats is None:  # not a kept plan: the connection's site counts it (App.counts)
+            stats = app.counts
         stats[Stat.REQUESTS] += 1
         stats[Stat.RESPONSE_BYTES] += len(body)
         if status >= 400:

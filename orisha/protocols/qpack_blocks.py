@@ -156,10 +156,12 @@ class Sections:
 
     def take(self, site, hosts=None) -> None:
         """Use the sections ``site``'s build encoded — every site's of ``hosts`` (several
-        sites, orisha/core/hosts.py) — and make their 103 frames (once per site object)."""
-        if site is self.site:
+        sites, orisha/core/hosts.py) — and make their 103 frames (once per site object, or
+        per table of sites: the views of a worker share it, hpack_blocks.Blocks.take)."""
+        key = site if hosts is None else hosts.sites
+        if key is self.site:
             return
-        self.site, self.built, self.early = site, {}, {}
+        self.site, self.built, self.early = key, {}, {}
         for v in (v for s in (hosts.sites if hosts is not None else (site,)) for v in variants(s)):
             if v.h3:
                 self.built[v.head] = v.h3
