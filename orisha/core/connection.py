@@ -53,7 +53,7 @@ class Plan(NamedTuple):
     ``close``: a ``Close`` value; ``discard``: request body bytes to skip;
     ``status``: for counters and the access log; ``counts``: the counter list the
     request is counted on (with several sites, the answering site's, which ``App.plan``
-    puts in the plans it keeps; None: the connection's own site, ``App.counts``).
+    puts in the plans it makes; None: the connection's own site, ``App.counts``).
     """
     head: bytes
     tail: int
@@ -299,7 +299,7 @@ class Connection:
 
     def _emit(self, plan: tuple, tails: tuple, request: bytes, now: float) -> None:
         head, tail, body, close, discard, status, stats = plan
-        if stats is None:  # a plan not kept by ``App.plan`` (errors before a head is read)
+        if stats is None:  # a plan App.plan did not make (an error before a head is read)
             stats = self.app.counts
         stats[_REQUESTS] += 1
         stats[_RESPONSE_BYTES] += len(body)

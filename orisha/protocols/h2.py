@@ -644,7 +644,7 @@ class H2Connection:
     def _respond(self, sid: int, plan, line: bytes, now: float, request: bytes = b"") -> None:
         head, _, body, _, _, status, stats = plan
         app = self.app
-        if stats is None:  # not a kept plan: the connection's site counts it (App.counts)
+        if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
             stats = app.counts
         stats[Stat.REQUESTS] += 1
         stats[Stat.RESPONSE_BYTES] += len(body)

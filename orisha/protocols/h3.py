@@ -420,7 +420,7 @@ class Endpoint:
                  request: bytes = b"") -> None:
         head, _, body, _, _, status, stats = plan
         app = c.app
-        if stats is None:  # not a kept plan: the connection's site counts it (App.counts)
+        if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
             stats = app.counts
         stats[Stat.REQUESTS] += 1
         stats[Stat.RESPONSE_BYTES] += len(body)
