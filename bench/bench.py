@@ -14,6 +14,9 @@ rusage / wall time: near 1.0 means wrk, not the server, was the limit). An
 open-loop run (h2load at a fixed rate, 80% of nginx's measured maximum,
 per-request latencies from its log) compares p99 under the same offered load.
 Medians per cell; a Markdown table of ratios and a PNG of ratios to nginx.
+``orisha:LOOP:sites`` (``--sites``) is the same build served as the first of two
+sites (``--site 127.0.0.1=BUILD --site other.test=BUILD2``, wrk's Host names the
+first), beside ``orisha:LOOP`` serving it alone: what a host table costs (issue 21).
 
     ./dev bench            # or: .venv/bin/python bench/bench.py [--quick]
 """
@@ -210,6 +213,9 @@ def main() -> None:
     ap.add_argument("--peers", default="floor", help="also: aiohttp (comma-separated; '' for none)")
     ap.add_argument("--workers", default="1", help="worker counts to run, e.g. 1,2")
     ap.add_argument("--open-loop", action="store_true", help="also the h2load fixed-rate run")
+    ap.add_argument("--sites", default="epoll",
+                    help="loops whose compiled body also serves the build as one of two sites "
+                         "(comma-separated; '' for none)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))
     args = ap.parse_args()
     if args.quick:
@@ -222,6 +228,11 @@ def main() -> None:
     make_site(site)
     subprocess.run([sys.executable, "-m", "orisha.cli", "build", site, "-o", build], check=True,
                    cwd=ROOT, stdout=subprocess.DEVNULL)
+    other = os.path.join(tmp, "other")  # the second site of orisha:LOOP:sites
+    os.makedirs(os.path.join(tmp, "other-site"))
+    open(os.path.join(tmp, "other-site", "index.html"), "w").write("<h1>other</h1>\n")
+    subprocess.run([sys.executable, "-m", "orisha.cli", "build", os.path.join(tmp, "other-site"),
+                    "-o", other], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     os.makedirs(root)
     export_for_nginx(build, root)
     os.makedirs(args.out, exist_ok=True)
@@ -241,13 +252,17 @@ def main() -> None:
             return Proc(server, ["nginx", "-c", conf, "-e", os.path.join(d, "error.log")], port, cpus)
         if server == "aiohttp":
             return Proc(server, [sys.executable, os.path.join(HERE, "peer_aiohttp.py"), root, str(port)], port, cpus)
-        _, loop, *pure = server.split(":")
-        env = {**os.environ, "ORISHA_PURE": "1" if pure else ""}
-        return Proc(server, [sys.executable, "-m", "orisha.cli", "serve", build, "--port", str(port),
+        _, loop, *flags = server.split(":")
+        env = {**os.environ, "ORISHA_PURE": "1" if "pure" in flags else ""}
+        # wrk's Host (127.0.0.1:PORT) names the first site exactly
+        served = (["--site", f"127.0.0.1={build}", "--site", f"other.test={other}"]
+                  if "sites" in flags else [build])
+        return Proc(server, [sys.executable, "-m", "orisha.cli", "serve", *served, "--port", str(port),
                              "--workers", str(workers), "--loop", loop], port, cpus, env=env)
 
     peers = [p for p in args.peers.split(",") if p]
     servers = (["nginx"] + [f"orisha:{l}{v}" for l in loops for v in ("", ":pure")]
+               + [f"orisha:{l}:sites" for l in args.sites.split(",") if l]
                + [p for p in peers if p != "floor"])
     for workers in [int(w) for w in args.workers.split(",")]:
         if "floor" in peers and workers == 1:  # one process: the floor is a single-worker line
@@ -308,8 +323,8 @@ def report(results: dict, servers: list[str], args, ncpu: int) -> None:
              f"work (noisy), {args.rounds} interleaved rounds of {args.seconds:g} s, wrk -c200, "
              "Accept-Encoding: gzip; medians. One worker: server on CPU 0, wrk on CPU 1. "
              "CPU µs/req = utime+stime of all the server's processes over the run / requests. "
-             "Ratios are to nginx (CPU: lower is better). `:pure` = ORISHA_PURE=1; floor = "
-             "bench/floor.py.", "",
+             "Ratios are to nginx (CPU: lower is better). `:pure` = ORISHA_PURE=1; `:sites` = "
+             "the build as the first of two --site sites; floor = bench/floor.py.", "",
              "| workers | document | server | req/s | p50 ms | p99 ms | CPU µs/req | wrk busy "
              "| req/s ratio | CPU ratio |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -328,12 +343,28 @@ def report(results: dict, servers: list[str], args, ncpu: int) -> None:
                     if base and s != "nginx" and cpu and med(base, "cpu_us") else "")
             lines.append(f"| {w} | {doc} | {s} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {cpu} | {busy} "
                          f"| {ratio} | {cpur} |")
+    lines += _sites_vs_one(results, servers, cells)
     table = "\n".join(lines)
     print("\n" + table)
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "results.md"), "w").write(table + "\n")
     json.dump(results, open(os.path.join(args.out, "results.json"), "w"), indent=1)
     plot(results, servers, cells, args.out)
+
+
+def _sites_vs_one(results: dict, servers: list[str], cells: list[str]) -> list[str]:
+    """Each ``orisha:LOOP:sites`` against ``orisha:LOOP`` (one build, no host table)."""
+    pairs = [(s, s.removesuffix(":sites")) for s in servers if s.endswith(":sites")]
+    rows = [f"| {cell.replace('|', ' | ')} | {s} | {med(a, 'rps') / med(b, 'rps'):.3f}× "
+            f"| {med(a, 'cpu_us') / med(b, 'cpu_us'):.3f}× |"
+            for cell in cells for s, one in pairs
+            if (a := results.get(f"{cell}|{s}")) and (b := results.get(f"{cell}|{one}"))
+            and "cpu_us" in a[0] and med(b, "cpu_us")]
+    if not rows:
+        return []
+    return ["", "Two sites (`--site`) against the same build served alone, same loop:",
+            "", "| workers | document | server | req/s ratio | CPU/req ratio |",
+            "|---|---|---|---|---|", *rows]
 
 
 def plot(results: dict, servers: list[str], cells: list[str], out: str) -> None:

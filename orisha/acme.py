@@ -260,6 +260,13 @@ class Manager:
         return tls.Tls(tls.by_names([(self.domains, self.context())]),
                        challenges=dict(self.alpn))
 
+    def certificates(self) -> list[tuple[list[str], str, str]]:
+        """(domains, certificate file, key file) of the issued certificate, or nothing yet:
+        what HTTP/3's configuration is made of (orisha/server.py, each generation)."""
+        if self.stored.covers(self.domains):
+            return [(self.domains, self.stored.cert, self.stored.key)]
+        return []
+
     def counters(self) -> tuple:
         return (("acme_attempts_total", "counter", "ACME orders attempted.", self.attempts),
                 ("acme_failures_total", "counter", "ACME orders that failed.", self.failed),
@@ -414,6 +421,10 @@ class Several:
         from .protocols import tls
         return tls.Tls(tls.by_names([(m.domains, m.context()) for m in self.managers]),
                        challenges={n: c for m in self.managers for n, c in m.alpn.items()})
+
+    def certificates(self) -> list[tuple[list[str], str, str]]:
+        """Every site's issued certificate, in --site order (SNI chooses among them)."""
+        return [c for m in self.managers for c in m.certificates()]
 
     def counters(self) -> tuple:
         total = [sum(m.counters()[k][3] for m in self.managers) for k in range(3)]

@@ -25,7 +25,7 @@ import socket
 from typing import Callable, NamedTuple
 from urllib.parse import urlsplit
 
-from .core.policy import ERROR_STATUSES, Stat
+from .core.policy import ERROR_STATUSES, STATS_SLOTS, Stat
 
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
@@ -39,7 +39,9 @@ class Status(NamedTuple):
     """What the supervisor knows when a request arrives."""
     ready: bool
     why: str  # when not ready: "starting", "stopping", "no worker"
-    per_worker: dict[int, list[int]]  # worker index → counters (``Stat`` slots), live + retired
+    # worker index → counters (``Stat`` slots), live + retired; with several sites, each
+    # site's request counters follow, in ``sites`` order (``App.site_stats``)
+    per_worker: dict[int, list[int]]
     restarts: int
     reloads: int
     draining: int  # generations still finishing their responses
@@ -57,18 +59,25 @@ _COUNTERS = ((Stat.REQUESTS, "requests_total", "counter", "Requests answered."),
              (Stat.OPEN_CONNECTIONS, "open_connections", "gauge", "Connections open now."))
 
 
+# What a request is counted by: with several sites, these series name the site.
+_PER_SITE = (Stat.REQUESTS, Stat.RESPONSE_BYTES)
+
+
 def exposition(s: Status) -> bytes:
     """Prometheus text exposition (format 0.0.4) of a ``Status``."""
     out = []
     per = sorted(s.per_worker.items())
     for slot, name, kind, doc in _COUNTERS:
         out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}")
-        out += [f'orisha_{name}{{worker="{i}"}} {v[slot]}' for i, v in per]
+        for i, v in per:
+            out += _series(f"orisha_{name}", f'worker="{i}"', v, slot,
+                           s.sites if slot in _PER_SITE else ())
     out.append("# HELP orisha_errors_total Error responses by status.\n"
                "# TYPE orisha_errors_total counter")
     for i, v in per:
-        out += [f'orisha_errors_total{{worker="{i}",status="{status}"}} {v[Stat.ERROR[status]]}'
-                for status in ERROR_STATUSES]
+        for status in ERROR_STATUSES:
+            out += _series("orisha_errors_total", f'worker="{i}",status="{status}"', v,
+                           Stat.ERROR[status], s.sites)
     if s.sites:
         out.append("# HELP orisha_site_info A site this server answers for (--site): its "
                    "first host, every host, the build it serves.\n# TYPE orisha_site_info gauge")
@@ -83,6 +92,17 @@ def exposition(s: Status) -> bytes:
         out.append(f"# HELP orisha_{name} {doc}\n# TYPE orisha_{name} {kind}\n"
                    f"orisha_{name} {value}")
     return ("\n".join(out) + "\n").encode()
+
+
+def _series(name: str, labels: str, v: list[int], slot: int, sites) -> list[str]:
+    """One worker's series of a counter: one, or with several sites one per site (its
+    first host as ``site``), and then the worker's own where it counted requests no site
+    answered (the plain port's redirects to https)."""
+    if not sites:
+        return [f"{name}{{{labels}}} {v[slot]}"]
+    out = [f'{name}{{{labels},site="{_label(names[0])}"}} {v[(k + 1) * STATS_SLOTS + slot]}'
+           for k, (names, _) in enumerate(sites)]
+    return out + [f"{name}{{{labels}}} {v[slot]}"] if v[slot] else out
 
 
 def _label(value: str) -> str:

@@ -178,7 +178,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     with ``sites``, ``acme_email`` alone gets each site a certificate for its names.
     ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
     HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers.
-    ``http3`` (with one --tls-cert): HTTP/3 over QUIC on the same port number over UDP
+    ``http3`` (with TLS): HTTP/3 over QUIC on the same port number over UDP
     (orisha/protocols/h3.py), advertised by Alt-Svc on the TCP port's responses.
     """
     acme = _acme(domains, tls_cert, acme_email, acme_directory, acme_ca, state, tls_min,
@@ -190,7 +190,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         raise ServeError("--http-port and --hsts go with TLS (--tls-cert/--tls-key or --domain)")
     site, load, build_dir, reloadable = _sites_to_serve(build_dir, sites, hsts)
     certs = _seq(tls_cert)
-    http3 = _http3(http3, acme, certs)
+    http3 = http3 and tls_on
     name, loop_cls = _loop(loop or site.loop, http3)
     workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
@@ -199,7 +199,8 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     limits = limits or Limits()
     socks, plain, udp, quic, alt_svc = _ports(host, port, http_port, workers, limits, admin,
-                                              (certs[0], _seq(tls_key)[0]) if http3 else None)
+                                              _quic_pairs(acme, certs, _seq(tls_key)) if http3
+                                              else None)
     https_port = socks[0].getsockname()[1]
     sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
                      load=load, name=str(build_dir) if reloadable else "", protocols=protocols,
@@ -213,7 +214,9 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         line += f" (and {_url(plain[0].getsockname())}/: redirects to https)"
     announce(line)
     if udp:
-        print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}", file=sys.stderr)
+        print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}"
+              + (" (answered once ACME has a certificate)" if sup.quic is None else ""),
+              file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
 
@@ -221,15 +224,16 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
 def _ports(host: str, port: int, http_port: int | None, workers: int, limits: Limits, admin,
            quic_files):
     """The serving listeners, the plain port's beside them (``http_port``), and with
-    ``quic_files`` (certificate, key) HTTP/3's UDP sockets, its QUIC configuration maker
-    and Alt-Svc. Whatever was opened is closed (the admin socket too) if one fails."""
+    ``quic_files`` (what lists the (names, certificate, key) to serve: ``_quic_pairs``)
+    HTTP/3's UDP sockets, its QUIC configuration maker and Alt-Svc. Whatever was opened is
+    closed (the admin socket too) if one fails."""
     socks, plain, udp, quic, alt_svc = [], [], [], None, b""
     try:
         socks = listeners(host, port, workers)
         plain = listeners(host, http_port, workers) if http_port is not None else []
         if quic_files:
             bound = socks[0].getsockname()[1]
-            quic = _quic(*quic_files, limits)
+            quic = _quic(quic_files, limits)
             udp = datagram_sockets(host, bound, workers)
             alt_svc = _advertise(bound)
     except ServeError:
@@ -256,14 +260,24 @@ def _sites_to_serve(build_dir, sites, hsts: int | None):
     return _with_hsts(lambda s: s, hsts)(build_dir), None, build_dir, False
 
 
-def _http3(wanted: bool, acme, certs: tuple) -> bool:
-    """HTTP/3 is served with one certificate from files."""
-    if wanted and (acme or len(certs) > 1):
-        # aioquic's configuration holds one certificate, made from files: no SNI choice, and
-        # ACME's certificate reaches only the TCP port's context so far.
-        print("orisha: HTTP/3 off: it serves one --tls-cert (ACME or several certificates: "
-              "TCP only)", file=sys.stderr)
-    return wanted and len(certs) == 1 and not acme
+def _quic_pairs(acme, certs: tuple, keys: tuple):
+    """What lists HTTP/3's certificates, (DNS names, certificate file, key file), for each
+    generation: the --tls-cert files under their leaves' names (SNI chooses among them as
+    on the TCP port), or the ones ACME has issued so far (``certificates()``: read anew at
+    each renewal, when ``Supervisor._renew`` makes the configuration again)."""
+    if acme:
+        return acme.certificates
+    from .protocols import tls
+
+    def files():
+        pairs = []
+        for c, k in zip(certs, keys):
+            try:
+                pairs.append((tls.names(c), c, k))
+            except OSError as e:  # ssl.SSLError too: changed since the TCP side read it
+                raise ServeError(f"{c}: cannot read the certificate's names ({e})") from None
+        return pairs
+    return files
 
 
 def _loop(wanted: str, datagrams: bool = False):
@@ -375,14 +389,15 @@ def _plain_app(https_port: int, acme):
     return make
 
 
-def _quic(cert: str, key: str, limits: Limits):
-    """What makes each worker generation's QUIC configuration (HTTP/3), and checks it once."""
+def _quic(pairs, limits: Limits):
+    """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
+    no certificate), and checks it once."""
     try:
         from .protocols import h3  # aioquic is imported only by a server that speaks HTTP/3
     except ImportError as e:
         raise ServeError(f"HTTP/3 needs aioquic (a dependency of orisha: pip install aioquic), or --no-http3: {e}") \
             from None
-    make = lambda: h3.configuration(cert, key, limits.idle_timeout)  # noqa: E731
+    make = lambda: h3.configurations(pairs(), limits.idle_timeout)  # noqa: E731
     make()
     return make
 

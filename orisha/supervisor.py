@@ -77,11 +77,13 @@ class SharedStats:
     Each worker writes its counters once a second (``App.tick``) and sets its
     started flag when it enters its loop body; the supervisor reads them for the
     admin port and folds a slot into ``retired`` when its worker exits, so totals
-    survive restarts and reloads.
+    survive restarts and reloads. ``sites``: several sites (``--site``), whose request
+    counters follow the worker's in each slot (``App.site_stats``).
     """
 
-    def __init__(self, slots: int) -> None:
-        self.fmt = struct.Struct(f"<{STATS_SLOTS}q")
+    def __init__(self, slots: int, sites: int = 0) -> None:
+        self.width = STATS_SLOTS * (1 + sites)
+        self.fmt = struct.Struct(f"<{self.width}q")
         self.started_at = slots * self.fmt.size  # then one byte per slot
         self.map = mmap.mmap(-1, self.started_at + slots)
         self.free = list(range(slots))
@@ -91,7 +93,7 @@ class SharedStats:
         if not self.free:  # sized for MAX_DRAINING: reaching this is a bug, not a load
             raise RuntimeError("no free counter slot")
         slot = self.free.pop()
-        self.fmt.pack_into(self.map, slot * self.fmt.size, *([0] * STATS_SLOTS))
+        self.fmt.pack_into(self.map, slot * self.fmt.size, *([0] * self.width))
         self.map[self.started_at + slot] = 0
         return slot
 
@@ -109,7 +111,7 @@ class SharedStats:
         return self.fmt.unpack_from(self.map, slot * self.fmt.size)
 
     def release(self, slot: int, index: int) -> None:
-        acc = self.retired.setdefault(index, [0] * STATS_SLOTS)
+        acc = self.retired.setdefault(index, [0] * self.width)
         for k, v in enumerate(self.read(slot)):
             if k != Stat.OPEN_CONNECTIONS:  # a gauge: a dead worker has none
                 acc[k] += v
@@ -200,7 +202,8 @@ class Supervisor:
         self.udp, self.make_quic, self.alt_svc = udp or [], quic, alt_svc
         self.quic = quic() if quic else None
         self.workers = len(self.socks)
-        self.stats = SharedStats(self.workers * (MAX_DRAINING + 1))
+        self.stats = SharedStats(self.workers * (MAX_DRAINING + 1),  # several sites: a table
+                                 len(getattr(site, "names_of", ())))  # (core/hosts.py)
         self.live: dict[int, Worker] = {}
         self.due: dict[int, float] = {}  # worker index → when to restart it
         self.gen = 0
@@ -478,7 +481,7 @@ class Supervisor:
     def status(self) -> Status:
         per = {i: list(v) for i, v in self.stats.retired.items()}
         for w in self.live.values():
-            acc = per.setdefault(w.index, [0] * STATS_SLOTS)
+            acc = per.setdefault(w.index, [0] * self.stats.width)
             for k, v in enumerate(self.stats.read(w.slot)):
                 acc[k] += v
         current = [w for w in self.live.values() if w.gen == self.gen]

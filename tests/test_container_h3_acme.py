@@ -165,13 +165,15 @@ def test_acme_in_the_container_with_a_state_volume_and_a_restart_reusing_it(demo
         c.stop()
 
 
-def test_the_cert_manager_overlay_publishes_the_udp_port_alt_svc_names():
+@pytest.mark.parametrize("overlay", ["tls-cert-manager", "tls-acme"])
+def test_the_tls_overlays_publish_the_udp_port_alt_svc_names(overlay):
     """Alt-Svc names the port the pod binds (h3=":PORT"): the pod's UDP port and the
-    Service's are that number, beside the TCP port a client first reaches."""
+    Service's are that number, beside the TCP port a client first reaches (HTTP/3 with a
+    mounted certificate, or ACME's)."""
     import yaml
     from conftest import ROOT
     from orisha.targets.container import runtime
-    folder = os.path.join(ROOT, "deploy", "kubernetes", "tls-cert-manager")
+    folder = os.path.join(ROOT, "deploy", "kubernetes", overlay)
     with open(os.path.join(folder, "deployment-patch.yaml")) as f:
         (c,) = yaml.safe_load(f)["spec"]["template"]["spec"]["containers"]
     with open(os.path.join(folder, "kustomization.yaml")) as f:
@@ -184,7 +186,7 @@ def test_the_cert_manager_overlay_publishes_the_udp_port_alt_svc_names():
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    assert args.http3 and args.tls_cert
+    assert args.http3 and (args.tls_cert or args.acme_email)
     udp = [p for p in c["ports"] if p.get("protocol") == "UDP"]
     assert [p["containerPort"] for p in udp] == [args.port]
     (h3,) = [p for p in svc if p.get("protocol") == "UDP"]

@@ -80,7 +80,8 @@ class _Client(QuicConnectionProtocol):
             if getattr(e, "stream_ended", False) and not self.waiting[e.stream_id].done():
                 self.waiting[e.stream_id].set_result(None)
 
-    async def request(self, path: str, method: str = "GET", headers=()) -> tuple:
+    async def request(self, path: str, method: str = "GET", headers=(),
+                      authority: str = "localhost") -> tuple:
         """(status, {name: value}, body, raw field section) of one request's final
         response; its interim ones (a 103) are kept in ``interim``."""
         sid = self._quic.get_next_available_stream_id()
@@ -90,7 +91,7 @@ class _Client(QuicConnectionProtocol):
         if method == "HEAD":
             self.h3.heads.add(sid)
         self.h3.send_headers(sid, [(b":method", method.encode()), (b":scheme", b"https"),
-                                   (b":authority", b"localhost"), (b":path", path.encode()),
+                                   (b":authority", authority.encode()), (b":path", path.encode()),
                                    *[(k.lower().encode(), v.encode()) for k, v in headers]],
                              end_stream=True)
         self.transmit()

@@ -382,6 +382,95 @@ def _site_info(admin: int) -> dict[str, tuple[str, str]]:
         r'orisha_site_info\{site="([^"]*)",hosts="([^"]*)",build="([^"]*)"\} 1', body.decode())}
 
 
+def _site_counts(admin: int) -> dict[tuple[str, str], int]:
+    """The admin port's request counters by (metric, labels but the worker's), summed over
+    the workers: {("requests_total", 'site="a.test"'): 3, ("errors_total",
+    'status="421",site="b.test"'): 1, …}."""
+    status, _, body = _status_body(_get(admin, "/metrics"))
+    assert status == 200
+    out: dict[tuple[str, str], int] = {}
+    for name, labels, value in re.findall(r'^orisha_(requests_total|response_body_bytes_total|'
+                                          r'errors_total)\{worker="\d+",?([^}]*)\} (\d+)$',
+                                          body.decode(), re.M):
+        out[name, labels] = out.get((name, labels), 0) + int(value)
+    return out
+
+
+def test_metrics_name_the_site(two):
+    """Each request is counted on the site that answered it: by Host (over a connection
+    without SNI), by its SNI's site (HTTP/1.1 and h2); a 421 on the site the connection's
+    certificate is for. No series without a site: every request had one."""
+    from h2util import H2Client
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        admin = probe.getsockname()[1]
+    s = _start("epoll", *_site_args(two), *_tls_args(two), "--admin-port", str(admin))
+    try:
+        assert _tls_get(two, s.port, "a.test", "a.test")[0] == 200
+        assert _tls_get(two, s.port, "a.test", "a.test", "/nowhere")[0] == 404
+        assert _tls_get(two, s.port, None, "unknown.example")[0] == 200  # the first site
+        assert _tls_get(two, s.port, None, "www.b.test", "/bold")[0] == 302
+        assert _tls_get(two, s.port, "b.test", "a.test")[0] == 421
+        with _tls(two, s.port, "www.b.test", alpn=("h2",)) as t:
+            (r,) = H2Client(t).fetch([("GET", "/", {})], authority="b.test")
+            assert r.status == 200
+        a, b = SITE_FILES["a"], SITE_FILES["b"]
+        want = {("requests_total", 'site="a.test"'): 3, ("requests_total", 'site="b.test"'): 3,
+                ("response_body_bytes_total", 'site="a.test"'):
+                    2 * len(a["index.html"]) + len(a["404.html"]),
+                ("response_body_bytes_total", 'site="b.test"'):
+                    len(b["index.html"]) + len("421 Misdirected Request\n"),
+                ("errors_total", 'status="404",site="a.test"'): 1,
+                ("errors_total", 'status="421",site="b.test"'): 1}
+        deadline, got = time.monotonic() + 20, {}
+        while time.monotonic() < deadline:  # the workers publish about once a second
+            got = {k: n for k, n in _site_counts(admin).items() if n}
+            if got == want:
+                break
+            time.sleep(0.2)
+        assert got == want
+        assert _site_counts(admin)["errors_total", 'status="400",site="b.test"'] == 0  # zeros too
+    finally:
+        assert s.stop() == 0
+
+
+def test_h2_sends_each_sites_built_blocks_and_its_103(two, builds):
+    """h2c, one connection for both sites: the second site's page with preloads (the demo's
+    /docs/) gets its 103 Early Hints, and each site's 200 HEADERS block is its build's own
+    (``Variant.h2``, then the date field), not one encoded at run time."""
+    from hpack import Decoder, Encoder
+    from h2util import DATA, HEADERS, PREFACE, frame, read_frames, settings
+    from orisha.server import load_site
+    s = _start("epoll", "--site", f"{A_NAMES}={two['a']}", "--site",
+               f"{B_NAMES}={builds['notfound']}")
+    try:
+        enc, asks = Encoder(), [(1, "www.b.test", "/docs/"), (3, "a.test", "/")]
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+            sock.sendall(PREFACE + settings() + b"".join(
+                frame(HEADERS, 0x5, sid, enc.encode([(":method", "GET"), (":path", path),
+                                                     (":scheme", "http"), (":authority", host)]))
+                for sid, host, path in asks))
+            data, ended = b"", set()
+            while ended != {1, 3}:
+                chunk = sock.recv(1 << 16)
+                assert chunk, data
+                data += chunk
+                ended = {sid for t, flags, sid, _ in read_frames(data)
+                         if t in (HEADERS, DATA) and flags & 0x1}
+    finally:
+        assert s.stop() == 0
+    heads = {sid: [p for t, _, i, p in read_frames(data) if t == HEADERS and i == sid]
+             for sid in (1, 3)}
+    assert [len(h) for h in heads.values()] == [2, 1]  # the 103 and the 200; the 200 alone
+    hints = dict(Decoder().decode(heads[1][0]))
+    assert hints == {":status": "103", "link": "</css/site.css>; rel=preload; as=style"}, hints
+    for (sid, blocks), out in zip(heads.items(), (builds["notfound"], two["a"])):
+        route = load_site(out).routes[b"/docs/" if sid == 1 else b"/"]
+        built = next(v.h2 for v in route.variants if v.coding == b"identity")
+        assert blocks[-1][:len(built)] == built, sid  # the build's bytes, then Date
+        assert [k for k, _ in Decoder().decode(blocks[-1][len(built):])] == ["date"], sid
+
+
 def test_access_log_names_the_site(two, tmp_path):
     from h2util import H2Client
     log = tmp_path / "access.log"

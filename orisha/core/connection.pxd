@@ -9,7 +9,7 @@ cdef class App:
     cdef public dict views
     cdef public bytes alt_svc  # HTTP/3 advertised beside Date (serve time)
     cdef public Py_ssize_t open
-    cdef public list stats
+    cdef public list stats, site_stats, counts
     cdef public object log_lines
     cdef public dict plans
     cdef public Py_ssize_t _second

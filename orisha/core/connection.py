@@ -51,7 +51,9 @@ class Plan(NamedTuple):
     ``head``: the status line and fields up to (not including) the Date line;
     ``tail``: a ``Tail`` value; ``body``: bytes or a memoryview of the blob;
     ``close``: a ``Close`` value; ``discard``: request body bytes to skip;
-    ``status``: for counters and the access log.
+    ``status``: for counters and the access log; ``counts``: the counter list the
+    request is counted on (with several sites, the answering site's, which ``App.plan``
+    puts in the plans it makes; None: the connection's own site, ``App.counts``).
     """
     head: bytes
     tail: int
@@ -59,6 +61,7 @@ class Plan(NamedTuple):
     close: int
     discard: int
     status: int
+    counts: list | None = None
 
 
 def _error_response(status: int) -> tuple[bytes, bytes]:
@@ -116,6 +119,13 @@ class App:
         self.limits = limits or Limits()
         self.open = 0
         self.stats = [0] * STATS_SLOTS
+        # Several sites: each one's request counters (``Stat`` slots; its connections are the
+        # worker's, in ``stats``), published after ``stats``. A kept plan carries its site's
+        # list, so counting a request looks nothing up. ``counts``: where a request that no
+        # site's table chose is counted (a head refused before its Host is read, a 421):
+        # the connection's own site, the default one's or the SNI's (nginx's default server).
+        self.site_stats = [[0] * STATS_SLOTS for _ in hosts.sites] if hosts is not None else []
+        self.counts = self.site_stats[hosts.default] if hosts is not None else self.stats
         self.publish = publish
         self.log = log
         self.log_lines: list[bytes] | None = [] if log is not None else None
@@ -143,7 +153,8 @@ class App:
         """Once a second: hand counters and access-log lines to whoever wants them."""
         self.stats[Stat.OPEN_CONNECTIONS] = self.open
         if self.publish is not None:
-            self.publish(self.stats)
+            self.publish(self.stats if not self.site_stats else
+                         self.stats + [n for counts in self.site_stats for n in counts])
         if self.log_lines:
             data, self.log_lines[:] = b"".join(self.log_lines), []
             self.log(data)
@@ -151,7 +162,8 @@ class App:
     def plan(self, head: bytes) -> tuple:
         # Kept as a plain tuple: CPython specialises unpacking for exact tuples only, and
         # ``_emit`` unpacks a plan per request (measured: a NamedTuple costs ~0.2 µs more).
-        plan = tuple(answer(self.site, self.routes, self.limits, head, self.hosts))
+        plan, i = answer_of(self.site, self.routes, self.limits, head, self.hosts)
+        plan = (*plan[:6], self.counts if i is None else self.site_stats[i])
         # A multipart 206 carries a body assembled for it (not a slice of the blob): not kept.
         if len(head) <= _PLAN_HEAD_MAX and not (plan[5] == 206 and plan[2].__class__ is bytes):
             if len(self.plans) >= _PLANS_MAX:
@@ -173,7 +185,8 @@ class App:
         if v is None:
             v = self.views[i] = App(self.hosts.sites[i], self.limits, protocols=self.protocols,
                                     hosts=self.hosts.sole(i), alt_svc=self.alt_svc)
-            v.stats, v.log_lines = self.stats, self.log_lines
+            v.stats, v.log_lines, v.site_stats = self.stats, self.log_lines, self.site_stats
+            v.counts = self.site_stats[i]
         return v
 
     def connect(self, now: float, peer: str = "-") -> "Connection":
@@ -285,8 +298,9 @@ class Connection:
         self._emit(_error_plan(status), self.app.tails(now), b"-", now)
 
     def _emit(self, plan: tuple, tails: tuple, request: bytes, now: float) -> None:
-        head, tail, body, close, discard, status = plan
-        stats = self.app.stats
+        head, tail, body, close, discard, status, stats = plan
+        if stats is None:  # a plan App.plan did not make (an error before a head is read)
+            stats = self.app.counts
         stats[_REQUESTS] += 1
         stats[_RESPONSE_BYTES] += len(body)
         if status >= 400:
@@ -402,21 +416,34 @@ def answer(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None) ->
     memoised; the Date line is the only per-second part and lives in the tail.
     ``hosts``: several sites; the Host field chooses one (orisha/core/hosts.py).
     """
+    return answer_of(site, routes, limits, head, hosts)[0]
+
+
+def answer_of(site: Site, routes: dict, limits: Limits, head: bytes, hosts=None):
+    """(``answer``'s plan, the index in ``hosts`` of the site that answered it), the index
+    None where no site did: one site, a head the framing refused, a misdirected request."""
     try:
         req = parse_head(head, limits.target)
     except HttpError as e:
-        return _error_plan(e.status)
-    fields = req.fields
+        return _error_plan(e.status), None
     framing = _framing(req, limits)
     if framing.__class__ is Plan:
-        return framing
+        return framing, None
     tail, close, discard = framing
-    if hosts is not None:
-        site = hosts.pick(fields.get(b"host"))
-        if site is None:  # another site's name on this connection's TLS server name
-            h, b = _MISDIRECTED
-            return Plan(h, tail, b if req.method != b"HEAD" else b"", close, discard, MISDIRECTED)
-        routes = site.routes
+    if hosts is None:
+        return _route(site, routes, req, tail, close, discard), None
+    i = hosts.choice(req.fields.get(b"host"))
+    if i < 0:  # another site's name on this connection's TLS server name
+        h, b = _MISDIRECTED
+        return Plan(h, tail, b if req.method != b"HEAD" else b"", close, discard,
+                    MISDIRECTED), None
+    site = hosts.sites[i]
+    return _route(site, site.routes, req, tail, close, discard), i
+
+
+def _route(site: Site, routes: dict, req, tail: int, close: int, discard: int) -> Plan:
+    """The plan of a framed request to ``site``: its routes, rules, negotiation."""
+    fields = req.fields
     method = req.method
     if method not in SAFE_METHODS:
         h, b = ERRORS[405 if method in KNOWN_METHODS else 501]

@@ -77,13 +77,15 @@ class Hosts:
                     return j
         return i
 
-    def pick(self, host: bytes | None):
+    def choice(self, host: bytes | None) -> int:
+        """The index of the site that answers ``host``: the default for an unknown one,
+        -1 for a misdirected one (``sole``)."""
         i = self.index(host)
-        if i is None:
-            i = self.default
-        elif i < 0:
-            return None
-        return self.sites[i]
+        return self.default if i is None else i
+
+    def pick(self, host: bytes | None):
+        i = self.choice(host)
+        return None if i < 0 else self.sites[i]
 
     def sole(self, i: int) -> "Hosts":
         """The table of a connection whose SNI chose site ``i`` (see the Strategy)."""

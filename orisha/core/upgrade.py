@@ -66,6 +66,7 @@ class Upgrade(App):
     def __init__(self, site, limits=None, publish=None, log=None, *, https_port: int = 443,
                  tokens: dict[bytes, bytes] | None = None) -> None:
         super().__init__(site, limits, publish=publish, log=log)
+        self.counts = self.stats  # no site's build answers here: its requests are the worker's
         self.https_port = https_port
         self.tokens = tokens or {}
 

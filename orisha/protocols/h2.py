@@ -167,7 +167,7 @@ class H2Connection:
     def __init__(self, app, now: float, peer: str = "-", preface: bool = True,
                  refuse: bool = False) -> None:
         self.app, self.peer, self.since, self.refuse = app, peer, now, refuse
-        _BLOCKS.take(app.site)  # the header blocks its build encoded (once per site)
+        _BLOCKS.take(app.site, app.hosts)  # the header blocks its builds encoded (once)
         self.buf = b""
         self.out: list = []
         self.out_bytes = 0
@@ -642,9 +642,10 @@ class H2Connection:
             self._go_away(Error.NO_ERROR)
 
     def _respond(self, sid: int, plan, line: bytes, now: float, request: bytes = b"") -> None:
-        head, _, body, _, _, status = plan
+        head, _, body, _, _, status, stats = plan
         app = self.app
-        stats = app.stats
+        if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
+            stats = app.counts
         stats[Stat.REQUESTS] += 1
         stats[Stat.RESPONSE_BYTES] += len(body)
         if status >= 400:

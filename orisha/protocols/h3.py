@@ -33,13 +33,24 @@ and its token are stateless, so spoofed Initials cost a datagram, not a
 connection. Graceful stop:
 GOAWAY on the control stream (§5.2), then CONNECTION_CLOSE with H3_NO_ERROR
 once every response is acknowledged.
+
+Several sites and certificates, as over TLS/TCP (orisha/protocols/tls.py): the
+ClientHello's server name — aioquic's server parses it and keeps nothing of it —
+is read from the hello itself as it reaches aioquic's TLS (``_Quic``), which then
+presents the certificate ``tls.by_server_name`` picks (exact before wildcard, the
+first certificate for an absent or unknown name); once the handshake is done the
+connection answers from ``App.view(sni)``, so a :authority of another site gets
+421, and the access log names the site. A configuration may be None (ACME has no
+certificate yet): then nothing on the UDP port is answered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import os
+from typing import Callable
 
 from aioquic.buffer import Buffer, BufferReadError
 from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, HeadersState, \
@@ -53,6 +64,7 @@ from aioquic.quic.packet import QuicPacketType, encode_quic_retry, \
     encode_quic_version_negotiation, pull_quic_header
 from aioquic.quic.retry import QuicRetryTokenHandler
 from aioquic.buffer import encode_uint_var
+from aioquic.tls import Alert, pull_client_hello
 
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
@@ -61,6 +73,7 @@ from ..core.policy import Stat
 from ..errors import ServeError
 from .h2 import _synthetic_head  # the one request → head mapping for HTTP/2 and HTTP/3
 from .qpack_blocks import Sections, date_field
+from .tls import by_server_name
 
 _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unacknowledged)
 _GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
@@ -70,14 +83,63 @@ _SECTIONS = Sections()
 _date = [-1, b""]  # (second, QPACK date field line)
 
 
-def configuration(cert: str, key: str, idle_timeout: float) -> QuicConfiguration:
+@dataclasses.dataclass
+class ServerConfiguration(QuicConfiguration):
+    """aioquic's configuration (its certificate: the first one's) and, with several
+    certificates, ``by_name``: server name → (certificate, chain, private key) or None."""
+    by_name: Callable | None = None
+
+
+def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfiguration:
     """A server's QUIC configuration (one per worker generation: a reload reads the files)."""
-    config = QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN, idle_timeout=idle_timeout)
+    config = ServerConfiguration(is_client=False, alpn_protocols=H3_ALPN,
+                                 idle_timeout=idle_timeout)
     try:
         config.load_cert_chain(cert, key)
     except (OSError, ValueError) as e:  # unreadable, not PEM, or a key that does not match
         raise ServeError(f"{cert}, {key}: cannot load them for QUIC ({e})") from None
     return config
+
+
+def configurations(pairs, idle_timeout: float) -> ServerConfiguration | None:
+    """One configuration for several certificates, SNI choosing (``tls.by_server_name``);
+    ``pairs``: (DNS names, certificate file, key file) in command-line order. None for
+    none (ACME before its first certificate: HTTP/3 is not answered yet)."""
+    loaded = [(names, configuration(cert, key, idle_timeout)) for names, cert, key in pairs]
+    if not loaded:
+        return None
+    first = loaded[0][1]
+    if len(loaded) > 1:
+        first.by_name = by_server_name(
+            [(names, (c.certificate, c.certificate_chain, c.private_key)) for names, c in loaded])
+    return first
+
+
+class _Quic(QuicConnection):
+    """aioquic's server connection, plus the server name of the client's hello (``sni``)
+    and the certificate it picks (``ServerConfiguration.by_name``)."""
+
+    sni: str | None = None
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)  # makes ``self.tls``, before any CRYPTO frame is read
+        tls, quic = self.tls, self
+        handle = tls._server_handle_hello
+        by_name = self._configuration.by_name
+
+        def hello(input_buf, initial_buf, handshake_buf) -> None:
+            del tls._server_handle_hello  # once: the class's method again, and no cycle
+            start = input_buf.tell()
+            try:
+                quic.sni = name = pull_client_hello(input_buf).server_name
+            except (BufferReadError, Alert):  # malformed: aioquic's own parse will say so
+                name = None
+            input_buf.seek(start)
+            chosen = by_name(name) if name and by_name is not None else None
+            if chosen is not None:
+                tls.certificate, tls.certificate_chain, tls.certificate_private_key = chosen
+            handle(input_buf, initial_buf, handshake_buf)
+        tls._server_handle_hello = hello
 
 
 def _date_field(now: float) -> bytes:
@@ -95,10 +157,11 @@ def _error(status: int) -> Plan:
 class _Conn:
     """One QUIC connection and what it still has to send."""
     __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
-                 "counted", "handshaking")
+                 "counted", "handshaking", "app")
 
-    def __init__(self, quic: QuicConnection, peer: str, seq: int) -> None:
+    def __init__(self, quic: QuicConnection, peer: str, seq: int, app) -> None:
         self.quic, self.peer, self.seq = quic, peer, seq
+        self.app = app  # the endpoint's; with several sites, its SNI's view once handshaken
         self.h3 = H3Connection(quic)
         self.cids: set[bytes] = set()
         self.pending: dict[int, list] = {}  # stream id → [body view, bytes already queued]
@@ -114,7 +177,7 @@ class Endpoint:
 
     def __init__(self, app, config: QuicConfiguration) -> None:
         self.app, self.config = app, config
-        _SECTIONS.take(app.site)  # the field sections its build encoded (once per site)
+        _SECTIONS.take(app.site, app.hosts)  # the sections its builds encoded (once per site)
         self.conns: dict[bytes, _Conn] = {}  # connection ID → connection
         self.live: set[_Conn] = set()
         self.out: list = []
@@ -145,6 +208,8 @@ class Endpoint:
         return heap[0][0] if heap else None
 
     def receive(self, batch: list, now: float) -> None:
+        if self.config is None:  # no certificate yet (ACME): nothing to answer with
+            return
         touched: dict[_Conn, None] = {}  # in arrival order, each once
         for data, addr in batch:
             c = self._route(data, addr, now)
@@ -233,10 +298,9 @@ class Endpoint:
                     retry_source_connection_id=scid, now=now)),
                 addr, 0))
             return None
-        quic = QuicConnection(configuration=self.config,
-                              original_destination_connection_id=original,
-                              retry_source_connection_id=retried)
-        c = _Conn(quic, addr[0], next(self.seq))
+        quic = _Quic(configuration=self.config, original_destination_connection_id=original,
+                     retry_source_connection_id=retried)
+        c = _Conn(quic, addr[0], next(self.seq), app)
         self.handshaking += 1
         for cid in (header.destination_cid, quic.host_cid):
             c.cids.add(cid)
@@ -264,6 +328,8 @@ class Endpoint:
             elif cls is HandshakeCompleted and c.handshaking:
                 c.handshaking = False
                 self.handshaking -= 1
+                if self.app.hosts is not None:  # several sites: the SNI's answers (or 421)
+                    c.app = self.app.view(quic.sni)
             else:
                 for h in h3.handle_event(event):
                     if h.__class__ is HeadersReceived:
@@ -336,7 +402,7 @@ class Endpoint:
             return
         c.last_sid = max(c.last_sid, sid)
         head, line = _synthetic_head(h.headers)
-        app = self.app
+        app = c.app
         if head is None:  # malformed (RFC 9114 §4.1.2): a stream error
             c.quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
             return
@@ -346,20 +412,23 @@ class Endpoint:
             plan = app.plans.get(head)
             if plan is None:
                 plan = app.plan(head)
-        self._respond(c, sid, plan, line[:-8] + b"HTTP/3.0", now)
+        self._respond(c, sid, plan, line[:-8] + b"HTTP/3.0", now, head)
         if not h.stream_ended:  # §4.1: answered before the request ended; it need not go on
             c.quic.stop_stream(sid, ErrorCode.H3_NO_ERROR)
 
-    def _respond(self, c: _Conn, sid: int, plan, line: bytes, now: float) -> None:
-        head, _, body, _, _, status = plan
-        app = self.app
-        stats = app.stats
+    def _respond(self, c: _Conn, sid: int, plan, line: bytes, now: float,
+                 request: bytes = b"") -> None:
+        head, _, body, _, _, status, stats = plan
+        app = c.app
+        if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
+            stats = app.counts
         stats[Stat.REQUESTS] += 1
         stats[Stat.RESPONSE_BYTES] += len(body)
         if status >= 400:
             stats[Stat.ERROR[status]] += 1
         if app.log_lines is not None:
-            app.log_lines.append(log_line(c.peer, now, line, status, len(body)))
+            app.log_lines.append(log_line(c.peer, now, line, status, len(body),
+                                          b"" if app.hosts is None else app.hosts.label(request)))
         section = _SECTIONS.get(head) + _date_field(now)
         frames = encode_frame(FrameType.HEADERS, section)
         if _SECTIONS.early:

@@ -125,38 +125,31 @@ class Blocks:
     """Head bytes → header block: the build's blocks of a site, then a memo of the rest,
     bounded so per-request heads cannot grow it."""
 
-    __slots__ = ("built", "site", "memo", "sites", "early")
+    __slots__ = ("built", "site", "memo", "early")
 
     def __init__(self) -> None:
         self.built: dict[bytes, bytes] = {}
         self.site = None
         self.memo: dict[bytes, bytes] = {}
-        # Several sites (``--site``): each one's table, so connections of alternating sites
-        # switch tables instead of rebuilding them. A worker never reloads in place, so
-        # the sites kept here are the ones it serves.
-        self.sites: dict = {}
         # 200 head → the header block of its 103 Early Hints (RFC 8297), for the heads
         # whose Link field preloads (the build's early hints, or _headers' own).
         self.early: dict[bytes, bytes] = {}
 
-    def take(self, site) -> None:
-        """Use the blocks ``site``'s build encoded (once per site object)."""
-        if site is self.site:
+    def take(self, site, hosts=None) -> None:
+        """Use the blocks ``site``'s build encoded — every site's of ``hosts`` (several
+        sites, orisha/core/hosts.py: one table, whichever site a connection's requests
+        name) — and make their 103 blocks; once per site, or per table of sites."""
+        key = site if hosts is None else hosts.sites  # one list for a worker's every view
+        if key is self.site:
             return
-        built = self.sites.get(site)
-        if built is None:
-            table, early = {}, {}
-            for v in variants(site):
-                if v.h2:
-                    table[v.head] = v.h2
-                    table[v.head_304] = v.h2_304
-                hints = early_hints(v.head)
-                if hints:
-                    early[v.head] = hints
-            if len(self.sites) >= 64:
-                self.sites.clear()
-            built = self.sites[site] = (table, early)
-        self.site, (self.built, self.early) = site, built
+        self.site, self.built, self.early = key, {}, {}
+        for v in (v for s in (hosts.sites if hosts is not None else (site,)) for v in variants(s)):
+            if v.h2:  # a head is the same bytes in two sites only with the same fields
+                self.built[v.head] = v.h2
+                self.built[v.head_304] = v.h2_304
+            hints = early_hints(v.head)
+            if hints:
+                self.early[v.head] = hints
 
     def get(self, head: bytes) -> bytes:
         b = self.built.get(head)

@@ -154,13 +154,15 @@ class Sections:
         self.memo: dict[bytes, bytes] = {}
         self.early: dict[bytes, bytes] = {}
 
-    def take(self, site) -> None:
-        """Use the sections ``site``'s build encoded, and make its 103 frames (once per
-        site object)."""
-        if site is self.site:
+    def take(self, site, hosts=None) -> None:
+        """Use the sections ``site``'s build encoded — every site's of ``hosts`` (several
+        sites, orisha/core/hosts.py) — and make their 103 frames (once per site object, or
+        per table of sites: the views of a worker share it, hpack_blocks.Blocks.take)."""
+        key = site if hosts is None else hosts.sites
+        if key is self.site:
             return
-        self.site, self.built, self.early = site, {}, {}
-        for v in variants(site):
+        self.site, self.built, self.early = key, {}, {}
+        for v in (v for s in (hosts.sites if hosts is not None else (site,)) for v in variants(s)):
             if v.h3:
                 self.built[v.head] = v.h3
                 self.built[v.head_304] = v.h3_304

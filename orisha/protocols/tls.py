@@ -115,26 +115,39 @@ def by_names(pairs) -> ssl.SSLContext:
     first = pairs[0][1]
     # Installed for one certificate too: the SNI it records is what keeps a server of
     # several sites from answering another site's name over it (``App.view``: 421).
-    exact: dict[str, ssl.SSLContext] = {}
-    wild: dict[str, ssl.SSLContext] = {}
-    for cert_names, ctx in pairs:
-        for name in cert_names:
-            name = name.lower()
-            table, key = (wild, name[2:]) if name.startswith("*.") else (exact, name)
-            table.setdefault(key, ctx)
+    pick = by_server_name(pairs)
 
     def choose(sslobj, server_name, _ctx):
         sslobj.sni = server_name
         # A context swapped in from the raw ClientHello (``Tls.choose``: an ACME TLS-ALPN-01
         # challenge) stays: OpenSSL still calls the first context's callback after the swap.
         if server_name and sslobj.context is first:
-            name = server_name.lower().rstrip(".")
-            ctx = exact.get(name) or wild.get(name.partition(".")[2])
+            ctx = pick(server_name)
             if ctx is not None and ctx is not first:
                 sslobj.context = ctx
         return None  # go on with the handshake
     first.sni_callback = choose
     return first
+
+
+def by_server_name(pairs):
+    """server name → the item of the first of ``pairs`` (DNS names, item) whose names match
+    it — an exact name before a wildcard (one label, RFC 6125 §6.4.3), case and a trailing
+    dot aside — or None. The one rule for every certificate choice (here, and over QUIC:
+    orisha/protocols/h3.py)."""
+    exact: dict[str, object] = {}
+    wild: dict[str, object] = {}
+    for cert_names, item in pairs:
+        for name in cert_names:
+            name = name.lower()
+            table, key = (wild, name[2:]) if name.startswith("*.") else (exact, name)
+            table.setdefault(key, item)
+
+    def pick(server_name: str):
+        name = server_name.lower().rstrip(".")
+        found = exact.get(name)
+        return found if found is not None else wild.get(name.partition(".")[2])
+    return pick
 
 
 def probe_ktls() -> str:
