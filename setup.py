@@ -47,6 +47,7 @@ PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")
 # unikernel/ entries the image build does not read (build output, fetched sources, tools).
 UNPACKAGED = ("build", ".cache", "tools", "__pycache__", "*.o")
 _SKIPPED: list[str] = []  # why a module was not compiled, for the one summary line
+HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-dev has them"}
 
 
 def _liburing_dirs() -> list[str] | None:
@@ -136,7 +137,7 @@ class OptionalBuildExt(build_ext):
         except Exception as e:  # one extension failing must not fail the install
             print(f"orisha: {ext.name} not compiled ({e}); its pure module is used",
                   file=sys.stderr)
-            _SKIPPED.append(f"{ext.name} (compiler failed)")
+            _SKIPPED.append(f"{ext.name} (compiler failed{HINTS.get(ext.name, '')})")
             return
         self.built.append(ext.name)
         if ext.name == "orisha.core.connection":  # in place (editable) or in build_lib (wheel)
