@@ -270,7 +270,8 @@ def test_ktls_is_probed_and_the_reason_given(monkeypatch, tmp_path):
 
 def test_the_compiled_tls_layer_serves_by_default_and_orisha_pure_falls_back(builds, pki):
     """The build made orisha/protocols/compiled_tls (setup.py, as ./dev installs it): a server
-    speaks TLS through it and says so; ORISHA_PURE=1 serves through ssl.SSLObject instead."""
+    speaks TLS through it (its worker maps the module) and says so; ORISHA_PURE=1 serves
+    through ssl.SSLObject instead."""
     env = {k: v for k, v in os.environ.items() if k != "ORISHA_PURE"}
     for extra, layer in (({}, "tls compiled: OpenSSL called from C"),
                          ({"ORISHA_PURE": "1"}, "tls pure: ssl.SSLObject")):
@@ -285,6 +286,10 @@ def test_the_compiled_tls_layer_serves_by_default_and_orisha_pure_falls_back(bui
                               b"Connection: close\r\n\r\n")
                     assert read_to_close(c).endswith(demo_file("css/site.css"))
                 c.close()
+            worker = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                    text=True).stdout.split()[0]
+            with open(f"/proc/{worker}/maps") as f:
+                assert ("protocols/compiled_tls.cpython" in f.read()) == (not extra)
         finally:
             assert s.stop() == 0
         assert layer in s.proc.stderr.read()
