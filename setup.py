@@ -4,6 +4,8 @@ Strategy: the pure-Python modules are the specification and the fallback.
 When Cython and a C compiler are there, ``pip install`` also builds:
 
   orisha.loops.compiled_epoll      the epoll loop body in C (compiled_epoll.pyx)
+  orisha.protocols.compiled_tls    TLS with OpenSSL called from C (compiled_tls.pyx; needs
+                                   OpenSSL's headers, libssl-dev), the twin of tls.py
   orisha.loops.compiled_io_uring   the io_uring loop body in C against liburing's own
                                    Cython declarations (needs the liburing package)
   orisha.core.connection           the request core: connection.py itself, compiled with
@@ -45,6 +47,7 @@ PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")
 # unikernel/ entries the image build does not read (build output, fetched sources, tools).
 UNPACKAGED = ("build", ".cache", "tools", "__pycache__", "*.o")
 _SKIPPED: list[str] = []  # why a module was not compiled, for the one summary line
+HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-dev has them"}
 
 
 def _liburing_dirs() -> list[str] | None:
@@ -70,7 +73,11 @@ def extensions() -> list:
     exts = [Extension("orisha.loops.compiled_epoll", ["orisha/loops/compiled_epoll.pyx"],
                       extra_compile_args=EXTRA),
             Extension("orisha.core.connection", ["orisha/core/connection.py"],
-                      extra_compile_args=EXTRA)]
+                      extra_compile_args=EXTRA),
+            # OpenSSL's C API against the libssl the stdlib links (Debian: libssl-dev's
+            # headers); a machine without them fails this one module, which is skipped.
+            Extension("orisha.protocols.compiled_tls", ["orisha/protocols/compiled_tls.pyx"],
+                      libraries=["ssl", "crypto"], extra_compile_args=EXTRA)]
     uring = _liburing_dirs()
     if uring:
         exts.append(Extension("orisha.loops.compiled_io_uring", ["orisha/loops/compiled_io_uring.pyx"],
@@ -130,7 +137,7 @@ class OptionalBuildExt(build_ext):
         except Exception as e:  # one extension failing must not fail the install
             print(f"orisha: {ext.name} not compiled ({e}); its pure module is used",
                   file=sys.stderr)
-            _SKIPPED.append(f"{ext.name} (compiler failed)")
+            _SKIPPED.append(f"{ext.name} (compiler failed{HINTS.get(ext.name, '')})")
             return
         self.built.append(ext.name)
         if ext.name == "orisha.core.connection":  # in place (editable) or in build_lib (wheel)

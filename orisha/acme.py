@@ -201,6 +201,7 @@ def context_from_pem(cert_pem: bytes, key_pem: bytes, minimum: str, alpn=None) -
         ctx = tls.context(cert, key, minimum)
     if alpn:
         ctx.set_alpn_protocols(alpn)
+        ctx.alpn = tuple(alpn)  # the same list for the compiled TLS layer (compiled_tls.pyx)
     return ctx
 
 

@@ -297,6 +297,13 @@ def _seq(files) -> tuple:
     return (files,) if isinstance(files, str) else tuple(files or ())
 
 
+def tls_layer() -> str:
+    """Which TLS layer serves (orisha/protocols/tls.py, the end): for the start-up lines."""
+    from .protocols import tls
+    return ("tls compiled: OpenSSL called from C" if tls.LAYER == "compiled"
+            else "tls pure: ssl.SSLObject")
+
+
 def _protocols(cert: str | None, key: str | None, minimum: str):
     """What makes each worker generation's protocols object (orisha/protocols/)."""
     certs, keys = _seq(cert), _seq(key)
@@ -306,7 +313,8 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
     if len(certs) != len(keys) or not all(certs) or not all(keys):
         raise ServeError("--tls-cert and --tls-key go together (one key per certificate)")
     from .protocols import tls  # ssl is imported only by a server that speaks TLS
-    print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs", file=sys.stderr)
+    print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs ({tls_layer()})",
+          file=sys.stderr)
     return lambda: tls.Tls(tls.by_sni([(c, tls.context(c, k, minimum))
                                        for c, k in zip(certs, keys)]))
 

@@ -52,8 +52,10 @@ def test_compiled_body_is_loaded_and_orisha_pure_loads_the_py(loop):
 def test_version_says_compiled_or_pure():
     assert "epoll compiled" in orisha("--version").stdout
     assert "core compiled" in orisha("--version").stdout
+    assert "tls compiled" in orisha("--version").stdout  # orisha/protocols/compiled_tls.pyx
     r = orisha("--version", env={**os.environ, "ORISHA_PURE": "1"})
     assert "epoll pure" in r.stdout and "io-uring pure" in r.stdout and "core pure" in r.stdout
+    assert "tls pure" in r.stdout
 
 
 def _core_file(env: dict | None = None, cwd: str = ROOT) -> tuple[str, str]:
@@ -128,7 +130,7 @@ def _serves_pure(target: str, tmp_path) -> None:
         assert s.stop() == 0
     r = subprocess.run([sys.executable, "-m", "orisha.cli", "--version"], env=env, capture_output=True,
                        text=True, cwd=tmp_path)
-    assert "epoll pure" in r.stdout and "core pure" in r.stdout, r.stdout
+    assert "epoll pure" in r.stdout and "core pure" in r.stdout and "tls pure" in r.stdout, r.stdout
 
 
 @pytest.mark.slow

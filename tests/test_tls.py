@@ -185,14 +185,17 @@ def test_sighup_loads_the_new_certificate_with_no_failed_request(builds, pki, tm
         assert s.stop() == 0
 
 
+@pytest.mark.parametrize("layer", ["default", "pure"])
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=8), st.booleans())
-def test_any_bytes_on_the_tls_port_end_in_an_alert_or_a_close(builds, pki, chunks, handshake_first):
+def test_any_bytes_on_the_tls_port_end_in_an_alert_or_a_close(builds, pki, layer, chunks,
+                                                              handshake_first):
     """Sans-I/O: after garbage (or garbage after a real handshake) the connection says what to
-    send and closes; nothing raises, nothing grows."""
+    send and closes; nothing raises, nothing grows. ``default``: the layer a server uses (the
+    compiled one where built), ``pure``: ssl.SSLObject's."""
     from orisha.core.connection import App
     from orisha.protocols import tls
-    app = App(_site(builds), protocols=tls.Tls(_context(pki)))
+    app = App(_site(builds), protocols=(tls.PureTls if layer == "pure" else tls.Tls)(_context(pki)))
     conn = app.connect(1.0, "-")
     if handshake_first:
         cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -263,3 +266,30 @@ def test_ktls_is_probed_and_the_reason_given(monkeypatch, tmp_path):
     assert tls.probe_ktls() == "kTLS off: the kernel offers no 'tls' ULP (has: mptcp)"
     ulp.write_text("mptcp tls\n")  # even then: OpenSSL enables kTLS on socket BIOs only
     assert "memory BIOs" in tls.probe_ktls()
+
+
+def test_the_compiled_tls_layer_serves_by_default_and_orisha_pure_falls_back(builds, pki):
+    """The build made orisha/protocols/compiled_tls (setup.py, as ./dev installs it): a server
+    speaks TLS through it (its worker maps the module) and says so; ORISHA_PURE=1 serves
+    through ssl.SSLObject instead."""
+    env = {k: v for k, v in os.environ.items() if k != "ORISHA_PURE"}
+    for extra, layer in (({}, "tls compiled: OpenSSL called from C"),
+                         ({"ORISHA_PURE": "1"}, "tls pure: ssl.SSLObject")):
+        s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", "--tls-cert",
+                  pki.chain, "--tls-key", pki.key, *TEST_LIMITS, env={**env, **extra})
+        try:
+            for alpn in (("h2",), ("http/1.1",)):
+                c = tls_connect(s.port, client_context(pki, alpn))
+                assert c.selected_alpn_protocol() == alpn[0]
+                if alpn == ("http/1.1",):
+                    c.sendall(b"GET /css/site.css HTTP/1.1\r\nHost: localhost\r\n"
+                              b"Connection: close\r\n\r\n")
+                    assert read_to_close(c).endswith(demo_file("css/site.css"))
+                c.close()
+            worker = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                    text=True).stdout.split()[0]
+            with open(f"/proc/{worker}/maps") as f:
+                assert ("protocols/compiled_tls.cpython" in f.read()) == (not extra)
+        finally:
+            assert s.stop() == 0
+        assert layer in s.proc.stderr.read()

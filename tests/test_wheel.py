@@ -153,7 +153,8 @@ def test_the_sdist_holds_the_sources_and_no_build_output(sdist):
         names = [n.split("/", 1)[1] for n in t.getnames() if "/" in n]
     for needed in ("Dockerfile", "unikernel/build.sh", "unikernel/Makefile", "unikernel/src/core.c",
                    "unikernel/mbedtls/orisha_config.h", "orisha/core/connection.pxd",
-                   "orisha/loops/compiled_epoll.pyx", "orisha/loops/compiled_io_uring.pyx"):
+                   "orisha/loops/compiled_epoll.pyx", "orisha/loops/compiled_io_uring.pyx",
+                   "orisha/protocols/compiled_tls.pyx", "orisha/protocols/compiled_tls.pxd"):
         assert needed in names, needed
     leftovers = [n for n in names if n.endswith((".so", ".o", ".sources")) or "/.cache/" in n
                  or (n.startswith("orisha/") and n.endswith(".c"))]
@@ -164,6 +165,7 @@ def test_the_wheel_carries_the_compiled_core_its_stamp_and_the_targets_files(whe
     wheel, log = wheels["3.11"]
     names = zipfile.ZipFile(wheel).namelist()
     assert any(re.fullmatch(r"orisha/core/connection\.cpython-311-.*\.so", n) for n in names)
+    assert any(re.fullmatch(r"orisha/protocols/compiled_tls\.cpython-311-.*\.so", n) for n in names)
     assert "orisha/core/connection.sources" in names
     assert "orisha/targets/container/Dockerfile" in names
     for f in ("build.sh", "fetch-lwip.sh", "fetch-mbedtls.sh", "Makefile", "src/core.c",
@@ -175,7 +177,8 @@ def test_the_wheel_carries_the_compiled_core_its_stamp_and_the_targets_files(whe
 
 def test_installed_wheel_runs_the_compiled_core_silently(installed, tmp_path):
     exe = os.path.join(installed, "orisha")
-    assert "epoll compiled, io-uring compiled, core compiled" in orisha_version(exe, str(tmp_path))
+    assert "epoll compiled, io-uring compiled, core compiled, tls compiled" in \
+        orisha_version(exe, str(tmp_path))
     r = run([os.path.join(installed, "python"), "-c",
              "import orisha.core.connection as c; print(c.__file__)"], cwd=str(tmp_path))
     assert r.stdout.strip().endswith(".so") and "site-packages" in r.stdout and r.stderr == ""

@@ -172,12 +172,13 @@ def build(loop_cls) -> str:
 
 
 def describe() -> str:
-    """Which body each compiled-capable loop would run and which core, e.g. "epoll compiled,
-    io-uring pure, core compiled"."""
+    """Which body each compiled-capable loop would run, which core and which TLS layer, e.g.
+    "epoll compiled, io-uring pure, core compiled, tls compiled"."""
     from ..core import connection
+    from ..protocols import tls  # its layer is chosen once, at its import
     core = "pure" if connection.__file__.endswith(".py") else "compiled"
     return ", ".join([f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
-                      for name in COMPILED] + [f"core {core}"])
+                      for name in COMPILED] + [f"core {core}", f"tls {tls.LAYER}"])
 
 
 def load(name: str, datagrams: bool = False):

@@ -29,6 +29,13 @@ Python ≥ 3.12, OpenSSL 3 and the "tls" ULP). OpenSSL only turns it on for a
 socket BIO it owns, and here the loop bodies own the sockets and TLS runs over
 memory BIOs, so the probe states why kTLS is not in use; user-space TLS over
 memory BIOs is the path that always works, on every loop body and kernel.
+
+Layers: this module is the pure one and the specification. Where setup.py built
+``compiled_tls.pyx``, ``Tls`` is that module's (chosen once, at the end of this
+file; ``ORISHA_PURE=1`` keeps this one): the same contract and behaviour with
+OpenSSL called from C over its own contexts, which it makes from what ``context``
+read and set (``ctx.pem``, the options, versions and tickets; ``by_names`` leaves
+its tables on the first context, ``sni_names``). ``LAYER`` says which serves.
 """
 
 from __future__ import annotations
@@ -69,10 +76,11 @@ def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
     # §9.2.1: no renegotiation; compression is off by default in OpenSSL 3.
     ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
     ctx.num_tickets = 2  # TLS 1.3 session tickets (resumption); 1.2 tickets are on by default
+    pem = []
     for path, what in ((cert, "certificate"), (key, "key")):
         try:
             with open(path, "rb") as f:
-                f.read(1)
+                pem += [path, f.read()]
         except OSError as e:
             raise ServeError(f"{path}: cannot read the TLS {what} ({e.strerror})") from None
     try:
@@ -85,6 +93,7 @@ def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
         why = f"does not match the certificate {cert}" if "MISMATCH" in str(e).upper() else \
             "not a PEM private key (or an encrypted one)"
         raise ServeError(f"{key}: {why}") from None
+    ctx.pem = tuple(pem)  # (cert, its bytes, key, its bytes): compiled_tls makes its SSL_CTX
     return ctx
 
 
@@ -116,6 +125,7 @@ def by_names(pairs) -> ssl.SSLContext:
     # Installed for one certificate too: the SNI it records is what keeps a server of
     # several sites from answering another site's name over it (``App.view``: 421).
     pick = by_server_name(pairs)
+    first.sni_pairs, first.sni_pick = pairs, pick  # the same choice in C (compiled_tls: no callback)
 
     def choose(sslobj, server_name, _ctx):
         sslobj.sni = server_name
@@ -475,3 +485,28 @@ class TlsConnection:
                 self.should_close = True
             else:
                 self.shut_write = True
+
+
+# The layer, chosen once: compiled_tls.pyx (OpenSSL driven from C, built by setup.py where
+# Cython, a compiler and libssl-dev are there) replaces ``Tls`` above, unless ORISHA_PURE asks
+# for the pure modules (orisha/compiled.py); ``PureTls`` stays the specification.
+PureTls = Tls
+LAYER = "pure"
+
+
+def _compiled_layer() -> None:
+    global Tls, LAYER
+    import importlib.util
+    from ..compiled import pure
+    if pure() or importlib.util.find_spec("orisha.protocols.compiled_tls") is None:
+        return
+    try:
+        from .compiled_tls import Tls as compiled  # imports this module's names back
+    except ImportError as e:  # built against another Python or libssl: the pure layer
+        print(f"orisha: the compiled TLS layer does not load ({e}); using ssl.SSLObject",
+              file=sys.stderr)
+        return
+    Tls, LAYER = compiled, "compiled"
+
+
+_compiled_layer()

@@ -89,7 +89,7 @@ def loop_modules(loop: str) -> tuple[list[str], list[str]]:
                          f"(choose {', '.join(LINUX)} or auto)")
     # orisha.blob and the core's modules: site.py imports them, and a compiled core (a .so
     # PyInstaller cannot read imports from) imports the rest of the core.
-    mods = ["orisha.blob", *_core_modules(), *_bodies("epoll"), *FEATURES]
+    mods = ["orisha.blob", *_core_modules(), *_bodies("epoll"), *FEATURES, *_compiled_tls()]
     pkgs: list[str] = []
     # auto resolves at start-up: bundle io_uring when its library is here, epoll always.
     chosen = ["io-uring"] if loop == "auto" else ([] if loop == "epoll" else [loop])
@@ -103,6 +103,13 @@ def loop_modules(loop: str) -> tuple[list[str], list[str]]:
         mods += _bodies(name)
         pkgs += present
     return mods, pkgs
+
+
+def _compiled_tls() -> list[str]:
+    """The compiled TLS layer where setup.py built it (tls.py imports it by name at start-up;
+    its own imports, read from no bytecode, are modules bundled anyway)."""
+    name = "orisha.protocols.compiled_tls"
+    return [name] if importlib.util.find_spec(name) is not None else []
 
 
 def _core_modules() -> list[str]:

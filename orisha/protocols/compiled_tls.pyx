@@ -1,0 +1,494 @@
+# cython: language_level=3
+"""TLS driven from C: ``tls.py``'s ``Tls``/``TlsConnection`` with OpenSSL called directly.
+
+Strategy: the same loop-body contract and the same behaviour as ``tls.py`` (its
+Strategy is this module's too, step for step: the plain-HTTP 400, the handshake
+and incomplete-record timeouts, close_notify, the flush after reads, ``_HIGH``
+and ``_CHUNK``, FileRegions encrypted from the map, the graceful stop, ALPN h2,
+``refuse``, the ACME TLS-ALPN-01 and SNI context choice, ``app.view(sni)``); only
+the calls differ: one ``SSL*`` per connection over two memory BIOs, and
+``SSL_do_handshake``/``SSL_read``/``SSL_write`` called from C, with no Python
+object per record and no exception per "want read".
+
+The ``SSL_CTX``s are this module's own (``Context``), made from the PEM bytes that
+``tls.context`` read (``ctx.pem``) and the policy of that ``ssl.SSLContext``: its
+options, minimum and maximum versions and ticket count, ``tls._TLS12_CIPHERS``,
+``tls.ALPN`` (or the ``ctx.alpn`` an ACME challenge context was given) — never
+retyped here. ``tls.context`` stays the one checker of the files and its one-line
+errors. Python's own ``SSL_CTX`` cannot be shared: once ``sni_callback`` is set
+(``tls.by_names`` always sets it) CPython's servername callback reads
+``SSL_get_app_data`` as its own socket object, which an ``SSL*`` made here is not.
+So the context is chosen before OpenSSL sees the ClientHello, from
+``tls.client_hello`` (SNI and ALPN) over the same buffering as ``tls.py``'s
+``_chosen``, with the tables ``tls.by_names`` keeps on its first context
+(``ctx.sni_names``); the only callback is ALPN's selection, in C. A ``Tls`` is
+made where ``tls.Tls`` is, in the supervisor for each generation before it forks:
+each ``SSL_CTX`` gets its ticket keys there, so every worker of a generation
+resumes every session (TLS 1.3 tickets and TLS 1.2 ones), and a reload (SIGHUP,
+a changed certificate file, ACME) makes new ones with the new certificates.
+"""
+
+from libc.string cimport memcmp
+from libc.stdlib cimport malloc, free
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+
+from ..blob import FileRegion
+from ..core.connection import Tail
+from ..core.outgoing import consume
+from ..core.policy import LINGER
+from ..errors import ServeError
+from .front import Sniffing, to_h2
+from . import tls as _tls  # the pure layer: constants, client_hello (it imports us at its end)
+
+cdef Py_ssize_t _CHUNK = _tls._CHUNK
+cdef Py_ssize_t _HIGH = _tls._HIGH
+cdef object PLAIN_FIRST = frozenset(_tls.PLAIN_FIRST)
+cdef bytes PLAIN_400_HEAD = _tls.PLAIN_400_HEAD
+cdef bytes PLAIN_400_BODY = _tls.PLAIN_400_BODY
+cdef bytes ACME_ALPN = _tls.ACME_ALPN.encode()
+cdef int HANDSHAKE = 0, OPEN = 1, PLAIN = 2
+cdef char _plain_buf[65536]  # one SSL_read's plaintext (at most _CHUNK), copied out at once
+assert _CHUNK <= 65536
+cdef bytes H2 = b"h2"
+
+
+cdef struct Alpn:
+    unsigned char *wire  # the server's list, RFC 7301 wire format, in preference order
+    unsigned int size
+
+
+cdef int _no_password(char *buf, int size, int rwflag, void *u) noexcept nogil:
+    return 0  # an encrypted key was refused by tls.context already; never prompt
+
+
+cdef int _select_alpn(SSL *s, const unsigned char **out, unsigned char *outlen,
+                      const unsigned char *offered, unsigned int offered_len,
+                      void *arg) noexcept nogil:
+    """The server's preference first, as the stdlib's callback chooses; no overlap: no ALPN."""
+    cdef Alpn *alpn = <Alpn *>arg
+    if SSL_select_next_proto(<unsigned char **>out, outlen, alpn.wire, alpn.size, offered,
+                             offered_len) == OPENSSL_NPN_NEGOTIATED:
+        return SSL_TLSEXT_ERR_OK
+    return SSL_TLSEXT_ERR_NOACK
+
+
+cdef class Context:
+    """One ``SSL_CTX`` made from an ``ssl.SSLContext`` of ``tls.context`` (see the Strategy)."""
+    cdef SSL_CTX *ctx
+    cdef Alpn alpn
+
+    def __cinit__(self, py):
+        cdef bytes wire = b"".join(bytes([len(p)]) + p.encode() for p in
+                                   getattr(py, "alpn", _tls.ALPN))
+        cdef bytes ciphers = _tls._TLS12_CIPHERS.encode()
+        cert_path, cert_pem, key_path, key_pem = py.pem
+        self.ctx = SSL_CTX_new(TLS_server_method())
+        if self.ctx == NULL:
+            raise MemoryError("SSL_CTX_new")
+        self.alpn.size = len(wire)
+        self.alpn.wire = <unsigned char *>malloc(len(wire) or 1)
+        if self.alpn.wire == NULL:
+            raise MemoryError("ALPN list")
+        for i in range(len(wire)):
+            self.alpn.wire[i] = wire[i]
+        ctx = self.ctx
+        SSL_CTX_clear_options(ctx, <uint64_t>-1)  # exactly the options of the stdlib context
+        SSL_CTX_set_options(ctx, <uint64_t>int(py.options))
+        lo, hi = int(py.minimum_version), int(py.maximum_version)  # -2/-1: no bound (0)
+        if not SSL_CTX_set_min_proto_version(ctx, lo if lo > 0 else 0) or \
+                not SSL_CTX_set_max_proto_version(ctx, hi if hi > 0 else 0) or \
+                not SSL_CTX_set_cipher_list(ctx, ciphers):
+            ERR_clear_error()
+            raise ServeError(f"{cert_path}: OpenSSL refused the TLS policy of tls.py")
+        SSL_CTX_set_num_tickets(ctx, py.num_tickets)
+        SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS)  # as the stdlib's contexts
+        SSL_CTX_set_session_id_context(ctx, <const unsigned char *>b"orisha", 6)
+        SSL_CTX_set_alpn_select_cb(ctx, _select_alpn, &self.alpn)
+        self._certificate(cert_path, cert_pem, key_path, key_pem)
+        ERR_clear_error()
+
+    cdef _certificate(self, str cert_path, bytes cert_pem, str key_path, bytes key_pem):
+        """The chain (leaf first) and key, as SSL_CTX_use_certificate_chain_file reads them."""
+        cdef BIO *bio = BIO_new_mem_buf(PyBytes_AS_STRING(cert_pem), len(cert_pem))
+        cdef X509 *x = PEM_read_bio_X509_AUX(bio, NULL, _no_password, NULL)
+        cdef EVP_PKEY *pkey
+        cdef bint ok = x != NULL and SSL_CTX_use_certificate(self.ctx, x) == 1
+        if x != NULL:
+            X509_free(x)
+        while ok:
+            x = PEM_read_bio_X509(bio, NULL, _no_password, NULL)
+            if x == NULL:
+                break  # the end of the file (PEM_R_NO_START_LINE)
+            if not SSL_CTX_add0_chain_cert(self.ctx, x):
+                X509_free(x)
+                ok = False
+        BIO_free(bio)
+        ERR_clear_error()
+        if not ok:
+            raise ServeError(f"{cert_path}: not a PEM certificate (chain)")
+        bio = BIO_new_mem_buf(PyBytes_AS_STRING(key_pem), len(key_pem))
+        pkey = PEM_read_bio_PrivateKey(bio, NULL, _no_password, NULL)
+        BIO_free(bio)
+        ok = pkey != NULL and SSL_CTX_use_PrivateKey(self.ctx, pkey) == 1 and \
+            SSL_CTX_check_private_key(self.ctx) == 1
+        if pkey != NULL:
+            EVP_PKEY_free(pkey)
+        ERR_clear_error()
+        if not ok:
+            raise ServeError(f"{key_path}: not a PEM private key matching {cert_path}")
+
+    def __dealloc__(self):
+        if self.ctx != NULL:
+            SSL_CTX_free(self.ctx)  # connections still open hold their own reference
+        free(self.alpn.wire)
+
+
+class Tls:
+    """``tls.Tls`` on this module's contexts: the same arguments, the same choices."""
+
+    name = "https"
+
+    def __init__(self, ctx, challenges=None) -> None:
+        self.ctx = ctx
+        self.challenges = challenges or {}
+        made: dict = {}
+
+        def own(py) -> Context:  # one SSL_CTX per stdlib context, however often it is named
+            if id(py) not in made:
+                made[id(py)] = (py, Context(py))
+            return made[id(py)][1]
+
+        self.first = own(ctx)
+        pairs = getattr(ctx, "sni_pairs", None)  # tls.by_names: (names, context) and its rule
+        self.record_sni = pairs is not None  # as tls.py: the SNI is kept where by_names ran
+        self.pick = getattr(ctx, "sni_pick", None)
+        for _names, c in pairs or ():
+            own(c)
+        self.acme = {n: own(c) for n, c in self.challenges.items()}
+        self.chooses = bool(self.acme) or len(made) > 1
+        self.contexts = made  # kept alive with the generation
+
+    def choose(self, hello: bytes) -> Context:
+        """The context for a ClientHello: ACME's challenge for a hello offering exactly
+        ``acme-tls/1`` (``tls.Tls.choose``), else the SNI's (``tls.by_names``), else the first."""
+        parsed = _tls.client_hello(hello)
+        if parsed is None:
+            return self.first
+        name, alpn = parsed
+        if alpn == [ACME_ALPN] and name in self.acme:
+            return self.acme[name]
+        if name and self.pick is not None:
+            found = self.pick(name)
+            if found is not None:
+                return self.contexts[id(found)][1]
+        return self.first
+
+    def connect(self, app, now: float, peer: str, refuse: bool) -> "TlsConnection":
+        return TlsConnection(app, self, now, peer, refuse)
+
+
+cdef class TlsConnection:
+    """One TLS connection; the loop-body contract of ``orisha/loops/base.py``."""
+    cdef SSL *ssl
+    cdef BIO *rbio
+    cdef BIO *wbio
+    cdef Context context
+    cdef object port  # the Tls, while the ClientHello may still choose the context
+    cdef bytes hello
+    cdef public object app, inner
+    cdef public list cipher
+    cdef public Py_ssize_t cipher_bytes, region_pos
+    cdef public double began, since
+    cdef public int state
+    cdef public bint refuse, should_close, shut_write, notified, fresh, stopping, ended
+    cdef bint started, eof_in, record_sni
+
+    def __init__(self, app, port, double now, peer, bint refuse):
+        self.app, self.refuse = app, refuse
+        self.inner = Sniffing(app, now, peer)  # counted in ``app.open`` by the core
+        self.cipher = []
+        self.cipher_bytes = 0
+        self.began = self.since = now
+        self.state = HANDSHAKE
+        self.region_pos = 0
+        self.fresh = True
+        self.hello = b""
+        self.record_sni = port.record_sni
+        if port.chooses:
+            self.port = port  # SSL_new once the ClientHello is whole (``_chosen``)
+        else:
+            self._new(port.first)
+
+    def __dealloc__(self):
+        if self.ssl != NULL:
+            SSL_free(self.ssl)  # and its BIOs
+
+    cdef _new(self, Context context):
+        self.context = context
+        self.ssl = SSL_new(context.ctx)
+        self.rbio = BIO_new(BIO_s_mem())
+        self.wbio = BIO_new(BIO_s_mem())
+        if self.ssl == NULL or self.rbio == NULL or self.wbio == NULL:
+            raise MemoryError("SSL_new")
+        BIO_set_mem_eof_return(self.rbio, -1)  # empty: "want read" (as ssl.MemoryBIO)
+        BIO_set_mem_eof_return(self.wbio, -1)
+        SSL_set_bio(self.ssl, self.rbio, self.wbio)
+        SSL_set_accept_state(self.ssl)
+        SSL_set_mode(self.ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_AUTO_RETRY)
+
+    # -- the loop body's side of the contract ---------------------------------
+    @property
+    def outgoing(self):
+        return self.cipher
+
+    @property
+    def wants_read(self):
+        if self.cipher or self.should_close:
+            return False
+        return self.state != OPEN or self.inner.wants_read
+
+    def receive(self, bytes data, double now):
+        if self.should_close:
+            return
+        if self.state == PLAIN:  # answered in plain text: drain until the peer's EOF
+            if not data:
+                self.should_close = True
+            return
+        if data:
+            if not self.started:
+                self.started = True
+                if self._plain(data, now):
+                    return
+            if self.ssl == NULL:
+                data = self._chosen(data)
+                if not data:  # the rest of the ClientHello is on its way
+                    return
+            BIO_write(self.rbio, PyBytes_AS_STRING(data), len(data))
+        else:
+            if self.ssl == NULL:  # EOF before a whole ClientHello: nothing to answer
+                self.state = PLAIN
+                self.should_close = True
+                return
+            BIO_set_mem_eof_return(self.rbio, 0)  # ssl.MemoryBIO.write_eof
+            self.eof_in = True
+        self.since = now
+        if self.state == HANDSHAKE:
+            self._handshake(now)
+        if self.state == OPEN:
+            self._work(now)
+
+    def sent(self, Py_ssize_t n, double now):
+        self.since = now
+        self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
+        if not self.cipher:
+            if self.state == OPEN:
+                self._work(now)
+            elif self.state == PLAIN:
+                self.shut_write = True
+
+    def tick(self, double now):
+        limits = self.app.limits
+        if self.state == HANDSHAKE:
+            if now - self.began > limits.head_timeout:  # a slow or silent handshake
+                self.should_close = True
+        elif self.state == PLAIN:
+            if now - self.since > (limits.send_timeout if self.cipher else LINGER):
+                self.should_close = True
+        else:
+            if BIO_ctrl_pending(self.rbio) and now - self.since > limits.head_timeout:
+                self.should_close = True  # a record that never completes
+                return
+            self.inner.tick(now)
+            self._work(now)
+
+    def shutdown(self, double now):
+        """Graceful stop: as ``tls.TlsConnection.shutdown`` (a first request is answered)."""
+        if self.state == HANDSHAKE or (self.state == OPEN and self.fresh):
+            self.stopping = True
+        elif self.state == OPEN:
+            self.inner.shutdown(now)
+            self._work(now)
+        elif not self.cipher:
+            self.should_close = True
+
+    def close(self):
+        self.inner.app = self.app  # from its SNI view: the connection is counted here
+        self.inner.close()
+
+    # -- steps -----------------------------------------------------------------
+    cdef bint _plain(self, bytes data, double now):
+        """A first read that is no TLS record (0x16: handshake) but an HTTP request line."""
+        if data[0] not in PLAIN_FIRST:
+            return False
+        tails = self.app.tails(now)
+        self.cipher.extend((PLAIN_400_HEAD, tails[Tail.CLOSE], PLAIN_400_BODY))
+        self.cipher_bytes = sum(len(b) for b in self.cipher)
+        self.state = PLAIN
+        return True
+
+    cdef bytes _chosen(self, bytes data):
+        """Hold the first bytes until the ClientHello record is whole (at most one record),
+        then make the SSL* on the context the hello chooses and hand them all on."""
+        cdef bytes hello = self.hello + data
+        self.hello = hello
+        if len(hello) < 5 or len(hello) < min(5 + int.from_bytes(hello[3:5], "big"), 16389):
+            return b""
+        self._new(self.port.choose(hello))
+        self.port, self.hello = None, b""
+        return hello
+
+    cdef _flush_tls(self):
+        cdef size_t n = BIO_ctrl_pending(self.wbio)
+        cdef bytes data
+        if n:
+            data = PyBytes_FromStringAndSize(NULL, n)
+            BIO_read(self.wbio, PyBytes_AS_STRING(data), <int>n)
+            self.cipher.append(data)
+            self.cipher_bytes += n
+
+    cdef _handshake(self, double now):
+        cdef int r
+        cdef const unsigned char *proto
+        cdef unsigned int size = 0
+        cdef const char *name
+        ERR_clear_error()
+        r = SSL_do_handshake(self.ssl)
+        if r != 1:
+            if SSL_get_error(self.ssl, r) == SSL_ERROR_WANT_READ:  # the client's next flight
+                self._flush_tls()
+                return
+            ERR_clear_error()  # a failed handshake: OpenSSL's alert goes out, then we close
+            self._broken()
+            return
+        self._flush_tls()
+        self.state = OPEN
+        if self.app.hosts is not None:  # several sites: the SNI's site answers (or 421)
+            name = SSL_get_servername(self.ssl, TLSEXT_NAMETYPE_host_name) \
+                if self.record_sni else NULL
+            self.inner.app = self.app.view(
+                None if name == NULL else name.decode("ascii", "replace"))
+        SSL_get0_alpn_selected(self.ssl, &proto, &size)
+        if size == 2 and memcmp(proto, <const char *>H2, 2) == 0:
+            to_h2(self.inner, now, refuse=self.refuse)
+        elif self.refuse:
+            self.inner.refuse(now)
+
+    cdef _work(self, double now):
+        """Encrypt what the inner connection has, feed it what it wants, until neither moves."""
+        cdef object inner = self.inner
+        cdef int r, err
+        cdef bytes data
+        while True:
+            self._encrypt(now)
+            if self.state != OPEN:  # the session broke while writing
+                return
+            if not inner.wants_read or inner.should_close or self.ended:
+                break
+            if not BIO_ctrl_pending(self.rbio) and not self.eof_in and not SSL_pending(self.ssl):
+                break  # nothing buffered: skip a read that could only want more
+            ERR_clear_error()
+            r = SSL_read(self.ssl, _plain_buf, <int>_CHUNK)
+            if r > 0:
+                data = PyBytes_FromStringAndSize(_plain_buf, r)
+            else:
+                err = SSL_get_error(self.ssl, r)
+                if err == SSL_ERROR_WANT_READ:  # no complete record buffered
+                    break
+                if err == SSL_ERROR_ZERO_RETURN or err == SSL_ERROR_SYSCALL or (
+                        err == SSL_ERROR_SSL and
+                        ERR_GET_REASON(ERR_peek_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING):
+                    data = b""  # close_notify, or a bare EOF (ssl.SSLEOFError)
+                    ERR_clear_error()
+                else:  # a corrupt record: OpenSSL queued its alert; nothing to save
+                    ERR_clear_error()
+                    self._broken()
+                    return
+            inner.receive(data, now)
+            if self.fresh:
+                self.fresh = False
+                if self.stopping:  # answer this first request, then the stop proceeds
+                    inner.shutdown(now)
+            if not data:
+                self.ended = True  # the peer's EOF reached the inner connection once
+                self._encrypt(now)
+                break
+        # What OpenSSL wrote while reading leaves now, not with the next response: the
+        # no_renegotiation alert to a TLS 1.2 renegotiation, TLS 1.3 tickets and KeyUpdate.
+        self._flush_tls()
+        self._settle(now)
+
+    cdef _encrypt(self, double now):
+        cdef object inner = self.inner
+        cdef list out = inner.outgoing
+        cdef list parts
+        cdef Py_ssize_t pos, size
+        while out and self.cipher_bytes < _HIGH:
+            first = out[0]
+            if first.__class__ is FileRegion:  # encrypted from its map (no kTLS: see the
+                pos = self.region_pos          # Strategy); reported whole, as the seam says
+                chunk = first.view[pos:pos + _CHUNK]
+                if not self._write(chunk):
+                    return
+                self._flush_tls()
+                pos += len(chunk)
+                self.region_pos = 0 if pos >= first.length else pos
+                inner.sent(first.length if pos >= first.length else 0, now)
+                out = inner.outgoing
+                continue
+            if len(first) >= _CHUNK:
+                chunk = memoryview(first)[:_CHUNK]
+            else:
+                parts, size = [first], len(first)
+                for b in out[1:]:
+                    if b.__class__ is FileRegion or size + len(b) > _CHUNK:
+                        break
+                    parts.append(b)
+                    size += len(b)
+                chunk = first if len(parts) == 1 else b"".join(parts)
+            if not self._write(chunk):
+                return
+            self._flush_tls()
+            inner.sent(len(chunk), now)
+            out = inner.outgoing
+
+    cdef bint _write(self, chunk):
+        cdef Py_buffer view
+        cdef int r
+        PyObject_GetBuffer(chunk, &view, PyBUF_SIMPLE)
+        try:
+            if view.len == 0:
+                return True
+            ERR_clear_error()
+            r = SSL_write(self.ssl, view.buf, <int>view.len)
+        finally:
+            PyBuffer_Release(&view)
+        if r <= 0:  # the session is over (a peer's bare EOF, a fatal alert)
+            ERR_clear_error()
+            self._broken()
+            return False
+        return True
+
+    cdef _broken(self):
+        """The session can carry no more records: what is encrypted goes out (OpenSSL's
+        alert, if any), then input drains until EOF and the connection closes."""
+        self._flush_tls()
+        self.state = PLAIN
+        self.should_close = not self.cipher
+
+    cdef _settle(self, double now):
+        """The inner connection is done: close_notify, then close or linger once it is out."""
+        inner = self.inner
+        if inner.outgoing or not (inner.should_close or inner.shut_write):
+            return
+        if not self.notified:
+            self.notified = True
+            ERR_clear_error()
+            SSL_shutdown(self.ssl)  # queues close_notify (RFC 8446 §6.1); the peer's is not awaited
+            ERR_clear_error()
+            self._flush_tls()
+        if not self.cipher:
+            if inner.should_close:
+                self.should_close = True
+            else:
+                self.shut_write = True
