@@ -252,9 +252,11 @@ def test_metrics_and_access_log(builds, hosted, tmp_path):
         m = metrics[-1]
         assert 'status="405"} 1' in m and 'status="404"} 1' in m
         assert "# TYPE orisha_requests_total counter" in m
-        assert Conn(s.port).request("/metrics").status == 404  # never on the site's own paths
         lines = log.read_text().splitlines()
         assert len(lines) == 5 and lines[3].endswith('"DELETE / HTTP/1.1" 405 23')
         assert lines[0].startswith("127.0.0.1 - - [")
+        assert Conn(s.port).request("/metrics").status == 404  # never on the site's own paths
+        assert wait_for(lambda: len(log.read_text().splitlines()) == 6)  # logged as any 404
+        assert log.read_text().splitlines()[5].endswith('"GET /metrics HTTP/1.1" 404 271')
     finally:
         s.stop()
