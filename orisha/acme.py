@@ -68,6 +68,7 @@ GO_TIMEOUT = 60.0  # seconds the helper waits for the challenges to be served
 # Seconds an attempt may take in all (each request and the order have their own timeouts
 # above; this bounds a helper stuck anyway): then it is killed and the attempt has failed.
 ATTEMPT_TIMEOUT = 300.0
+FORK_RETRY = 5.0  # seconds before another try when the helper cannot be forked
 
 
 def state_dir(given: str | None) -> str:
@@ -346,19 +347,50 @@ class Manager:
                 self._failed(sup, msg["error"])
 
     def _start(self, sup) -> None:
-        self.attempts += 1
-        ours, theirs = socket.socketpair()
-        pid = os.fork()
+        try:
+            ours, theirs = socket.socketpair()
+        except OSError as e:  # EMFILE/ENFILE: no attempt now, the next one later
+            return self._not_started(e)
+        try:
+            pid = os.fork()
+        except OSError as e:  # EAGAIN/ENOMEM: likewise
+            ours.close()
+            theirs.close()
+            return self._not_started(e)
         if pid == 0:
             ours.close()
             _helper_child(sup, theirs, self)
         theirs.close()
+        self.attempts += 1
         ours.setblocking(False)
         self.helper, self.inbox, self.answered = (pid, ours), b"", False
         self.started, self.killed = time.monotonic(), False
         what = "renewing" if self.stored.covers(self.domains) else "requesting"
         print(f"orisha: ACME: {what} a certificate for {', '.join(self.domains)} from "
               f"{self.directory} (attempt {self.attempts})", file=sys.stderr)
+
+    def _not_started(self, e: OSError) -> None:
+        """The helper could not be made: one line, and the attempt is retried after
+        FORK_RETRY seconds (not counted as the CA's failure: no order was made)."""
+        self.next_at = time.monotonic() + FORK_RETRY
+        print(f"orisha: ACME: cannot start the helper for {', '.join(self.domains)} "
+              f"({e.strerror or e}); retrying in {FORK_RETRY:g} s", file=sys.stderr)
+
+    def stop(self) -> None:
+        """The server stops: so does an attempt in progress. Its helper is killed and
+        reaped here rather than left to finish an order nobody will serve (or to outlive
+        the server where no parent-death signal reaches it); the state stays whole (every
+        file is written atomically, ``cert.json`` last)."""
+        if self.helper is None:
+            return
+        pid, sock = self.helper
+        self.helper, self.go_pending = None, False
+        sock.close()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # SIGKILL: at once
+        except (ProcessLookupError, ChildProcessError):  # it had exited and been reaped
+            pass
 
     def _challenges(self, sup, ch: dict) -> None:
         self.tokens = {t.encode(): ka.encode() for t, ka in ch.get("http", {}).items()}
@@ -452,6 +484,10 @@ class Several:
     def reaped(self, pid: int, status: int) -> None:
         for m in self.managers:
             m.reaped(pid, status)
+
+    def stop(self) -> None:
+        for m in self.managers:
+            m.stop()
 
     def step(self, sup, readable: bool) -> None:
         running = self._running()

@@ -476,6 +476,8 @@ class Supervisor:
                 self._tell_to_stop(pid)
             for s in self.socks + self.udp:
                 s.close()
+            if self.acme:  # an ACME attempt in progress stops too (its helper process)
+                self.acme.stop()
 
     # -- admin port ----------------------------------------------------------------
     def status(self) -> Status:

@@ -634,3 +634,72 @@ def test_chromium_trusting_pebbles_root_loads_the_demo_site(build, pebble, tmp_p
         assert all(re.search(r'" 200 \d+$', x) for x in lines), lines
     finally:
         assert s.stop() == 0
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _holder_of(port: int, pids: list[int]) -> int:
+    """Which of ``pids`` holds the loopback TCP connection whose local port is ``port``."""
+    with open("/proc/net/tcp") as f:
+        inode = next(row.split()[9] for row in f.read().splitlines()[1:]
+                     if int(row.split()[1].rsplit(":", 1)[1], 16) == port)
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
+    raise AssertionError(f"no process of {pids} holds port {port}")
+
+
+def test_a_stopped_server_stops_its_acme_attempt_at_once(build, pki, tmp_path):
+    """A CA that accepts and never answers holds the helper in its first request; SIGTERM
+    stops the attempt at once — while a worker still finishes — and no process of the
+    server outlives it."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in range(4)],
+                     daemon=True).start()
+    s = Served(build, "--port", str(_free_port()), "--domain", "example.org", "--acme-email",
+               EMAIL, "--acme-directory", f"https://127.0.0.1:{silent.getsockname()[1]}/dir",
+               "--acme-ca", pki.ca, "--state", str(tmp_path / "state"))
+    try:
+        s.wait_for("ACME: requesting a certificate for example.org")
+        deadline = time.monotonic() + 10
+        while not held and time.monotonic() < deadline:  # the helper has connected
+            time.sleep(0.05)
+        kids = _children(s.proc.pid)
+        assert held and len(kids) == 3, (kids, "".join(s.err))  # 2 workers and the helper
+        helper = _holder_of(held[0].getpeername()[1], kids)
+        # A worker that cannot finish its stop at once (stopped) holds the server in its
+        # graceful stop; the attempt must not wait for that, nor for the server's exit.
+        worker = next(p for p in kids if p != helper)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            s.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while _alive(helper) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(helper) and _alive(s.proc.pid), "".join(s.err)
+        finally:
+            os.kill(worker, signal.SIGCONT)  # its SIGTERM, pending, stops it now
+    finally:
+        assert s.stop() == 0
+        silent.close()
+        for c in held:
+            c.close()
+    assert not [p for p in kids if _alive(p)], "".join(s.err)
+    assert not any("Traceback" in line for line in s.err), "".join(s.err)
