@@ -703,3 +703,54 @@ def test_a_stopped_server_stops_its_acme_attempt_at_once(build, pki, tmp_path):
             c.close()
     assert not [p for p in kids if _alive(p)], "".join(s.err)
     assert not any("Traceback" in line for line in s.err), "".join(s.err)
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_path):
+    """The supervisor out of file descriptors when a renewal is due (its socketpair fails
+    with EMFILE, as a fork can with EAGAIN): one line, a retry, the site still served."""
+    import datetime
+    import resource
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "example.org")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(seconds=6))
+            .not_valid_after(now + datetime.timedelta(seconds=12))  # renewal due in ~6 s
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("example.org")]), False)
+            .sign(key, hashes.SHA256()))
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "cert-1.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (state / "key-1.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (state / "cert.json").write_text(json.dumps(
+        {"domains": ["example.org"], "key": "key-1.pem", "cert": "cert-1.pem"}))
+    s = Served(build, "--port", str(_free_port()), "--domain", "example.org", "--acme-email",
+               EMAIL, "--acme-directory", f"https://127.0.0.1:{_free_port()}/dir",
+               "--acme-ca", pki.ca, "--state", str(state), "--no-http3")
+    try:
+        s.wait_for("ACME: using the stored certificate for example.org")
+        soft, hard = resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE)
+        limit = _lowest_free_fd(s.proc.pid)  # no new descriptor from here on
+        resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, (limit, hard))
+        line = s.wait_for("ACME: cannot start the helper", timeout=20)
+        assert "Too many open files" in line and "retrying in 5 s" in line, line
+        assert s.proc.poll() is None, "".join(s.err)
+        resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the stored certificate
+        assert _get(s.port, ctx)[0].startswith(b"HTTP/1.1 200 OK")
+    finally:
+        assert s.stop() == 0
+    assert not any("Traceback" in line for line in s.err), "".join(s.err)
