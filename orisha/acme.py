@@ -393,12 +393,32 @@ class Manager:
             pass
 
     def _challenges(self, sup, ch: dict) -> None:
-        self.tokens = {t.encode(): ka.encode() for t, ka in ch.get("http", {}).items()}
-        self.alpn = {name: context_from_pem(c.encode(), k.encode(), self.minimum,
-                                            alpn=["acme-tls/1"])
-                     for name, (c, k) in ch.get("alpn", {}).items()}
-        sup._renew("ACME challenges to answer")
-        self.go_pending = True
+        """Challenges to serve: a new generation answers them, then the helper may go. If
+        that generation cannot be made (``_renew`` is False: the certificate files cannot
+        be read), the workers keep what they had and the helper is told "no": the attempt
+        fails like any other (one line, backoff) and the CA is never asked to validate
+        challenges that nothing answers."""
+        if self.helper is None:  # it has exited since: nobody to validate them for
+            return
+        before = self.tokens, self.alpn
+        try:
+            self.tokens = {t.encode(): ka.encode() for t, ka in ch.get("http", {}).items()}
+            self.alpn = {name: context_from_pem(c.encode(), k.encode(), self.minimum,
+                                                alpn=["acme-tls/1"])
+                         for name, (c, k) in ch.get("alpn", {}).items()}
+            started = sup._renew("ACME challenges to answer")
+        except (ServeError, ssl.SSLError, ValueError) as e:
+            print(f"orisha: ACME: cannot serve the challenges for {', '.join(self.domains)}: "
+                  f"{e}", file=sys.stderr)
+            started = False
+        if started:
+            self.go_pending = True
+            return
+        self.tokens, self.alpn = before
+        try:
+            self.helper[1].sendall(b"no\n")  # it answers with an error: ``_failed``
+        except OSError:  # it has gone: reaped as an attempt without an answer
+            pass
 
     def _issued(self, sup) -> None:
         self.stored = Stored(self.folder)
@@ -558,7 +578,7 @@ def _issue(m: Manager, sock: socket.socket) -> None:
         sock.settimeout(GO_TIMEOUT)
         try:
             if sock.recv(16) != b"go\n":
-                raise _Problem("the server did not put the challenges in place")
+                raise _Problem("the server could not put the challenges in place")
         except socket.timeout:
             raise _Problem("the challenges were not in place within %d s" % GO_TIMEOUT) from None
         session.answer(answers)

@@ -710,11 +710,10 @@ def _lowest_free_fd(pid: int) -> int:
     return next(n for n in range(len(used) + 1) if n not in used)
 
 
-def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_path):
-    """The supervisor out of file descriptors when a renewal is due (its socketpair fails
-    with EMFILE, as a fork can with EAGAIN): one line, a retry, the site still served."""
+def _stored(state, before: float, after: float):
+    """A state folder whose certificate for example.org began ``before`` seconds ago and
+    ends in ``after`` (self-signed: what matters is when its renewal is due)."""
     import datetime
-    import resource
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -724,11 +723,10 @@ def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_pa
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(seconds=6))
-            .not_valid_after(now + datetime.timedelta(seconds=12))  # renewal due in ~6 s
+            .not_valid_before(now - datetime.timedelta(seconds=before))
+            .not_valid_after(now + datetime.timedelta(seconds=after))
             .add_extension(x509.SubjectAlternativeName([x509.DNSName("example.org")]), False)
             .sign(key, hashes.SHA256()))
-    state = tmp_path / "state"
     state.mkdir()
     (state / "cert-1.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (state / "key-1.pem").write_bytes(key.private_bytes(
@@ -736,6 +734,14 @@ def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_pa
         serialization.NoEncryption()))
     (state / "cert.json").write_text(json.dumps(
         {"domains": ["example.org"], "key": "key-1.pem", "cert": "cert-1.pem"}))
+    return state
+
+
+def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_path):
+    """The supervisor out of file descriptors when a renewal is due (its socketpair fails
+    with EMFILE, as a fork can with EAGAIN): one line, a retry, the site still served."""
+    import resource
+    state = _stored(tmp_path / "state", before=6, after=12)  # renewal due in ~6 s
     s = Served(build, "--port", str(_free_port()), "--domain", "example.org", "--acme-email",
                EMAIL, "--acme-directory", f"https://127.0.0.1:{_free_port()}/dir",
                "--acme-ca", pki.ca, "--state", str(state), "--no-http3")
@@ -748,6 +754,31 @@ def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_pa
         assert "Too many open files" in line and "retrying in 5 s" in line, line
         assert s.proc.poll() is None, "".join(s.err)
         resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the stored certificate
+        assert _get(s.port, ctx)[0].startswith(b"HTTP/1.1 200 OK")
+    finally:
+        assert s.stop() == 0
+    assert not any("Traceback" in line for line in s.err), "".join(s.err)
+
+
+def test_challenges_that_cannot_be_served_fail_the_renewal_without_asking_the_ca(build, pebble,
+                                                                                  tmp_path):
+    """At renewal the served key file has become unreadable: no generation can present the
+    challenges, so the attempt fails (backoff, the current workers serving on) and the CA is
+    never told to validate challenges that nothing answers."""
+    ca = pebble()
+    state = _stored(tmp_path / "state", before=4, after=5)  # renewal due in ~2 s
+    s = acme_serve(build, ca, state, domains=["example.org"], port=_free_port())
+    try:
+        s.wait_for("ACME: using the stored certificate for example.org")
+        (state / "key-1.pem").write_text("not a key\n")
+        line = s.wait_for("ACME: renewal failed", timeout=30)
+        assert "could not put the challenges in place" in line, "".join(s.err)
+        assert "next attempt in" in line
+        with open(ca.config + ".log") as f:
+            log = f.read()
+        assert "validat" not in log.lower(), log[-2000:]  # Pebble logs every validation
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the stored certificate
         assert _get(s.port, ctx)[0].startswith(b"HTTP/1.1 200 OK")
