@@ -449,6 +449,74 @@ def test_a_rule_may_set_cache_control_behind_auth(tmp_path):
         assert app.plan(b"GET " + path + b" HTTP/1.1\r\nHost: x")[5] == 401
 
 
+def _answer(sock) -> bytes:
+    """One response's head (and whatever came with it) from a socket, up to EOF or head."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_a_flood_of_wrong_passwords_is_bounded_and_the_rest_is_served(auth_build):
+    """Each unknown Authorization value costs a bcrypt check; a worker runs at most
+    policy.AUTH_CHECKS of them a second and answers the excess 503 with Retry-After (not
+    remembered), so a burst of distinct wrong passwords neither stalls the other requests
+    nor locks out the right password once the second has passed."""
+    import base64
+    import socket
+    import time
+    from orisha.core.policy import AUTH_CHECKS
+
+    def request(path: str, user: str | None = None, password: str = "") -> bytes:
+        auth = b""
+        if user is not None:
+            auth = b"Authorization: Basic " + base64.b64encode(
+                f"{user}:{password}".encode()) + b"\r\n"
+        return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+
+    s = Server(auth_build, "--loop", "epoll", "--workers", "1")
+    bogus = []
+    try:
+        began = time.monotonic()
+        for i in range(40):  # all sent before the normal request
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+            c.sendall(request("/docs/", "alice", f"wrong-{i}"))
+            bogus.append(c)
+        with socket.create_connection(("127.0.0.1", s.port), timeout=20) as c:
+            c.sendall(request("/css/site.css"))
+            assert _answer(c).startswith(b"HTTP/1.1 200 OK\r\n")
+        answers = [_answer(c) for c in bogus]
+        elapsed = time.monotonic() - began
+        statuses = [a[:12] for a in answers]
+        assert set(statuses) <= {b"HTTP/1.1 401", b"HTTP/1.1 503"}, statuses
+        checked = statuses.count(b"HTTP/1.1 401")
+        assert 1 <= checked <= AUTH_CHECKS * (int(elapsed) + 2), (checked, elapsed)
+        busy = [i for i, a in enumerate(answers) if a.startswith(b"HTTP/1.1 503")]
+        assert busy and all(b"\r\nRetry-After: 1\r\n" in answers[i] for i in busy)
+        # The next seconds: a value answered 503 is judged now (it was not remembered), and
+        # the right password gets in.
+        got = {}
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            for what, req in (("wrong", request("/docs/", "alice", f"wrong-{busy[0]}")),
+                              ("right", request("/docs/", "alice", "s3cret"))):
+                if what not in got:
+                    with socket.create_connection(("127.0.0.1", s.port), timeout=20) as c:
+                        c.sendall(req)
+                        status = _answer(c)[:12]
+                    if status != b"HTTP/1.1 503":
+                        got[what] = status
+            time.sleep(0.3)
+        assert got == {"wrong": b"HTTP/1.1 401", "right": b"HTTP/1.1 200"}, got
+    finally:
+        for c in bogus:
+            c.close()
+        s.stop()
+
+
 @pytest.mark.parametrize("case", ["md5", "sha", "plain", "nouser", "badline", "missing", "syntax",
                                   "unikernel", "glob"])
 def test_basic_auth_errors_are_one_line(tmp_path, case):

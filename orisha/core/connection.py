@@ -26,13 +26,13 @@ from typing import NamedTuple
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .outgoing import consume
-from .policy import (ALLOW, AUTH_STATUS, ERROR_PAGES, KNOWN_METHODS, LINGER, MISDIRECTED,
+from .policy import (ALLOW, AUTH_BUSY, AUTH_STATUS, ERROR_PAGES, KNOWN_METHODS, LINGER, MISDIRECTED,
                      NAVIGATION_DESTS, REASONS, SAFE_METHODS, STATS_SLOTS, Limits, Stat)
 from .hosts import Hosts
 from .request import HttpError, cannot_begin, parse_head
 from .matcher import match as match_rules
 from .ranges import multipart, range_set
-from .site import IDENTITY, Entry, Guarded, Redirect, Rules, Site
+from .site import IDENTITY, Entry, Guarded, Redirect, Rules, Site, refill_checks
 
 
 class Tail:
@@ -150,7 +150,9 @@ class App:
         return self._tails
 
     def tick(self, now: float) -> None:
-        """Once a second: hand counters and access-log lines to whoever wants them."""
+        """Once a second: hand counters and access-log lines to whoever wants them; the
+        worker's bcrypt checks for --basic-auth are this second's again (``Auth.allows``)."""
+        refill_checks()
         self.stats[Stat.OPEN_CONNECTIONS] = self.open
         if self.publish is not None:
             self.publish(self.stats if not self.site_stats else
@@ -164,8 +166,10 @@ class App:
         # ``_emit`` unpacks a plan per request (measured: a NamedTuple costs ~0.2 µs more).
         plan, i = answer_of(self.site, self.routes, self.limits, head, self.hosts)
         plan = (*plan[:6], self.counts if i is None else self.site_stats[i])
-        # A multipart 206 carries a body assembled for it (not a slice of the blob): not kept.
-        if len(head) <= _PLAN_HEAD_MAX and not (plan[5] == 206 and plan[2].__class__ is bytes):
+        # A multipart 206 carries a body assembled for it (not a slice of the blob): not kept;
+        # nor a 503 for want of a bcrypt check this second (``_unauthorized``).
+        if len(head) <= _PLAN_HEAD_MAX and not (plan[5] == 206 and plan[2].__class__ is bytes
+                                                or plan[5] == AUTH_BUSY):
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[head] = plan
@@ -460,8 +464,10 @@ def _route(site: Site, routes: dict, req, tail: int, close: int, discard: int) -
         if target is None:
             if site.auth:  # a --basic-auth area guards its unknown paths too
                 area = next((a for pattern, a in site.auth if pattern.fullmatch(key)), None)
-                if area is not None and not area.allows(fields.get(b"authorization")):
-                    return _unauthorized(area, get, tail, close, discard)
+                if area is not None:
+                    ok = area.allows(fields.get(b"authorization"))
+                    if not ok:
+                        return _unauthorized(area, ok, get, tail, close, discard)
             # _redirects rules with splats or placeholders: only where no route answers.
             target = ((site.rules and match_rules(site.rules, key, req.query, site))
                       or unknown(site, key, fields))
@@ -490,8 +496,9 @@ def _indirect(target, site: Site, key: bytes, req, get: bool, tail: int, close: 
     that answers instead (a 401, a redirect)."""
     fields = req.fields
     if target.__class__ is Guarded:  # behind --basic-auth: credentials first
-        if not target.auth.allows(fields.get(b"authorization")):
-            return _unauthorized(target.auth, get, tail, close, discard)
+        ok = target.auth.allows(fields.get(b"authorization"))
+        if not ok:
+            return _unauthorized(target.auth, ok, get, tail, close, discard)
         target = target.target
     if target.__class__ is Rules:  # a route whose rules have query conditions
         target = (match_rules(target.rules, key, req.query, site) or target.default
@@ -503,8 +510,11 @@ def _indirect(target, site: Site, key: bytes, req, get: bool, tail: int, close: 
     return target
 
 
-def _unauthorized(auth, get: bool, tail: int, close: int, discard: int) -> Plan:
-    """The 401 challenge of a --basic-auth area (RFC 7617)."""
+def _unauthorized(auth, ok, get: bool, tail: int, close: int, discard: int) -> Plan:
+    """The 401 challenge of a --basic-auth area (RFC 7617); ``ok`` None: no bcrypt check
+    is left this second (``Auth.allows``), the 503 with Retry-After instead."""
+    if ok is None:
+        return _error_plan(AUTH_BUSY)
     return Plan(auth.head_401, tail, auth.body_401 if get else b"", close, discard, AUTH_STATUS)
 
 

@@ -58,8 +58,16 @@ FATAL = frozenset((400, 408, 411, 413, 414, 431, 503, 505))
 # cost is paid once per client, not per request. Responses behind auth carry
 # ``Cache-Control: private`` (RFC 9111 §5.2.2.7: no shared cache may keep them) unless a
 # rule sets Cache-Control.
+# A worker runs bcrypt (~50-250 ms at the costs htpasswd -B uses) for at most AUTH_CHECKS
+# Authorization values it has not judged yet per second (its loop's once-a-second tick);
+# beyond that, until the next second, such a request gets AUTH_BUSY with Retry-After: 1
+# (nginx's limit_req answers 503 too), not remembered: a flood of wrong passwords costs the
+# worker at most that share of each second, and everything else it serves — other paths,
+# credentials it has already verified — keeps being answered meanwhile.
 AUTH_STATUS = 401
 AUTH_REMEMBERED = 1024
+AUTH_CHECKS = 4
+AUTH_BUSY = 503
 AUTH_HASHES = ("$2a$", "$2b$", "$2y$")  # bcrypt's prefixes, as htpasswd -B writes $2y$
 AUTH_CACHE_CONTROL = "private"
 

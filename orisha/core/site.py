@@ -17,7 +17,7 @@ from __future__ import annotations
 import binascii
 import re
 
-from .policy import AUTH_REMEMBERED, unauthorized
+from .policy import AUTH_CHECKS, AUTH_REMEMBERED, unauthorized
 
 # Bit per content coding in an Accept-Encoding mask (see core/negotiate.py).
 IDENTITY, GZIP, BR, ZSTD = 1, 2, 4, 8
@@ -157,21 +157,25 @@ class Auth:
         self.head_401, self.body_401 = unauthorized(realm)
         self.judged: dict[bytes, bool] = {}
 
-    def allows(self, value: bytes | None) -> bool:
+    def allows(self, value: bytes | None) -> bool | None:
         """Whether an Authorization field value names a user with its password. bcrypt
-        runs once per value (a hit is moved to the end: least recently used goes first)."""
+        runs once per value (a hit is moved to the end: least recently used goes first),
+        at most ``AUTH_CHECKS`` times per second in this worker: None when the value would
+        need one more this second (not remembered: judged when asked again later)."""
         if not value:
             return False
         judged = self.judged
         ok = judged.pop(value, None)
         if ok is None:
             ok = self._verify(value)
+            if ok is None:
+                return None
             if len(judged) >= AUTH_REMEMBERED:
                 del judged[next(iter(judged))]
         judged[value] = ok
         return ok
 
-    def _verify(self, value: bytes) -> bool:
+    def _verify(self, value: bytes) -> bool | None:
         scheme, _, token = value.partition(b" ")
         if scheme.lower() != b"basic":  # RFC 7235 §2.1: the scheme is case-insensitive
             return False
@@ -182,10 +186,22 @@ class Auth:
         hashed = self.users.get(user) if sep else None
         if hashed is None:
             return False
+        if CHECKS[0] <= 0:  # this second's bcrypt budget is spent
+            return None
+        CHECKS[0] -= 1
         import bcrypt  # only a worker that serves a protected path loads it
         # bcrypt reads 72 bytes of a password (htpasswd -B hashed no more); bcrypt>=5
         # refuses longer ones instead of cutting them.
         return bcrypt.checkpw(password[:72], hashed)
+
+
+# The bcrypt checks this worker may still run this second (policy.AUTH_CHECKS), for every
+# area and site of the worker; ``refill_checks`` runs from ``App.tick``, once a second.
+CHECKS = [AUTH_CHECKS]
+
+
+def refill_checks() -> None:
+    CHECKS[0] = AUTH_CHECKS
 
 
 class Guarded:
