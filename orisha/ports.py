@@ -17,7 +17,11 @@ the port, bound from the probe to the group's ``listen``. Abstract names live
 in the network namespace — the very scope of the port — so it needs no file,
 works in a FROM-scratch container and vanishes with its process.
 
-Who holds the port is read from ``/proc/net/tcp{,6}`` (the listener's inode)
+HTTP/3's UDP sockets on the same port number are claimed the same way (a probe
+bind without SO_REUSEPORT, under the same lock): a UDP reuseport group would
+otherwise let a second server's sockets share the first's datagrams as silently.
+
+Who holds the port is read from ``/proc/net/tcp{,6}`` (``udp{,6}`` for UDP) (the listener's inode)
 and ``/proc/PID/fd`` (which process has that inode open): the supervisor, not
 its workers, is named. Only processes of our own user are readable, which are
 the only ones whose sockets could have joined the group anyway.
@@ -35,6 +39,7 @@ from .errors import ServeError
 
 LOCK_WAIT = 5.0  # seconds another server's start-up may hold the port's lock
 _LISTEN = "0A"  # /proc/net/tcp state of a listener (TCP_LISTEN)
+_UNCONNECTED = "07"  # /proc/net/udp state of a bound, unconnected socket (TCP_CLOSE)
 
 
 class Claim:
@@ -72,11 +77,16 @@ def _lock(port: int) -> socket.socket | None:
         time.sleep(0.005)
 
 
-def probe(family: int, addr) -> OSError | None:
-    """None when nothing listens on ``addr``; else the bind's error (EADDRINUSE)."""
-    s = socket.socket(family, socket.SOCK_STREAM)
+def probe(family: int, addr, kind: int = socket.SOCK_STREAM) -> OSError | None:
+    """None when nothing listens on ``addr``; else the bind's error (EADDRINUSE).
+
+    ``kind`` SOCK_DGRAM (HTTP/3's port): a bind with neither SO_REUSEPORT nor SO_REUSEADDR,
+    which fails while any socket is bound there, so the workers' reuseport group cannot
+    join another server's UDP sockets (there is no TIME_WAIT to allow for)."""
+    s = socket.socket(family, kind)
     try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if kind == socket.SOCK_STREAM:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(addr)
         return None
     except OSError as e:
@@ -85,9 +95,10 @@ def probe(family: int, addr) -> OSError | None:
         s.close()
 
 
-def holder(port: int) -> str | None:
-    """"pid N: COMMAND" of the process that listens on ``port``, when /proc tells."""
-    inodes = _listening_inodes(port)
+def holder(port: int, udp: bool = False) -> str | None:
+    """"pid N: COMMAND" of the process that listens on ``port`` (``udp``: is bound to the
+    UDP port), when /proc tells."""
+    inodes = _listening_inodes(port, udp)
     if not inodes:
         return None
     pids = set()
@@ -112,9 +123,10 @@ def holder(port: int) -> str | None:
     return f"pid {pid}: {cmd[:200]}" if cmd else f"pid {pid}"
 
 
-def _listening_inodes(port: int) -> set[str]:
+def _listening_inodes(port: int, udp: bool = False) -> set[str]:
     inodes = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for name in (("/proc/net/udp", "/proc/net/udp6") if udp else
+                 ("/proc/net/tcp", "/proc/net/tcp6")):
         try:
             with open(name) as f:
                 rows = f.read().splitlines()[1:]
@@ -122,7 +134,8 @@ def _listening_inodes(port: int) -> set[str]:
             continue
         for row in rows:
             fields = row.split()
-            if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if fields[3] == (_UNCONNECTED if udp else _LISTEN) \
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(fields[9])
     return inodes
 

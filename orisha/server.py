@@ -127,6 +127,22 @@ def datagram_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     except socket.gaierror as e:
         raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
     family, _, _, _, addr = infos[0]
+    with ports.Claim(port):  # as the TCP port's: a held UDP port is not joined either
+        taken = ports.probe(family, addr, socket.SOCK_DGRAM)
+        if taken is not None:
+            raise ServeError(_taken_udp(host, port, taken))
+        return _datagram_group(host, port, family, addr, count)
+
+
+def _taken_udp(host: str, port: int, e: OSError) -> str:
+    if e.errno != errno.EADDRINUSE:
+        return f"{host}:{port}/udp: {e.strerror} (--no-http3 serves without it)"
+    who = ports.holder(port, udp=True)
+    return (f"{host}:{port}/udp: port {port}/udp is already in use" + (f" by {who}" if who else "")
+            + " (--no-http3 serves without HTTP/3)")
+
+
+def _datagram_group(host: str, port: int, family: int, addr, count: int) -> list[socket.socket]:
     socks = []
     try:
         for _ in range(count):

@@ -605,3 +605,28 @@ def test_hsts_is_on_h3_answers_as_on_http11(builds, pki):
                                     ("/", "GET", [("if-none-match", "*")])]), (200, 200, 304)):
         assert status == want and fields.get("strict-transport-security") == "max-age=600", fields
     assert http11(s.port, pki, "GET", "/", {})[1]["strict-transport-security"] == "max-age=600"
+
+
+def test_a_udp_port_held_by_another_server_is_not_shared(builds, pki):
+    """HTTP/3's UDP sockets are claimed like the TCP listeners (orisha/ports.py): a second
+    server on a held port exits with one line, the first serving h3 on; and a UDP port held
+    alone — another QUIC server's reuseport socket of the same user, here this test's —
+    is not joined silently either, although the TCP port is free."""
+    from conftest import orisha
+    first = h3_server(builds, "epoll", pki)  # the stderr's first line: the kTLS note
+    args = ("--workers", "1", "--tls-cert", pki.chain, "--tls-key", pki.key)
+    r = orisha("serve", builds["notfound"], "--port", str(first.port), *args, timeout=30)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("orisha: error:")]
+    assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"port {first.port} is already in use by pid {first.proc.pid}" in errors[0]
+    assert h3_get(first.port, pki.ca, [("/", "GET", [])])[0][0] == 200
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as quic:
+        quic.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        quic.bind(("127.0.0.1", 0))
+        port = quic.getsockname()[1]
+        r = orisha("serve", builds["notfound"], "--port", str(port), *args, timeout=30)
+        me = open(f"/proc/{os.getpid()}/cmdline").read().replace("\0", " ").strip()[:200]
+        assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+            f"orisha: error: 127.0.0.1:{port}/udp: port {port}/udp is already in use by pid "
+            f"{os.getpid()}: {me} (--no-http3 serves without HTTP/3)"), r.stderr
+    assert h3_get(first.port, pki.ca, [("/", "GET", [])])[0][0] == 200
