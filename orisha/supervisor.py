@@ -150,6 +150,24 @@ class FileWatch:
         return True
 
 
+class _Steering:
+    """What every HTTP/3 worker of every generation shares to steer datagrams by connection
+    ID (orisha/protocols/quic_steer.py): a private folder for the workers' hand-over
+    sockets (0700: no other user can hand datagrams in) and the key that masks the tags."""
+
+    def __init__(self) -> None:
+        import tempfile
+        self.folder, self.key = tempfile.mkdtemp(prefix="orisha-quic-"), os.urandom(16)
+
+    def steer(self, gen: int, index: int):
+        from .protocols.quic_steer import Steer
+        return Steer(self.folder, self.key, gen, index)
+
+    def remove(self) -> None:
+        import shutil
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class Worker:
     """The supervisor's record of one worker process."""
     __slots__ = ("slot", "index", "gen", "began", "kill_at")
@@ -201,6 +219,7 @@ class Supervisor:
         # context: a reload reads the files).
         self.udp, self.make_quic, self.alt_svc = udp or [], quic, alt_svc
         self.quic = quic() if quic else None
+        self.steering = _Steering() if self.udp else None
         self.workers = len(self.socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1),  # several sites: a table
                                  len(getattr(site, "names_of", ())))  # (core/hosts.py)
@@ -249,6 +268,8 @@ class Supervisor:
             if self.acme and not self.stopping:
                 self.acme.step(self, acme_fd in ready)
         self._settle_signals()
+        if self.steering:
+            self.steering.remove()
         return self.exit_status
 
     @staticmethod
@@ -341,7 +362,8 @@ class Supervisor:
             return ()
         from .loops.base import Datagrams
         from .protocols.h3 import Endpoint
-        return (Datagrams(self.udp[index], Endpoint(app, self.quic)),)
+        return (Datagrams(self.udp[index], Endpoint(app, self.quic),
+                          self.steering.steer(self.gen, index)),)
 
     def _tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]

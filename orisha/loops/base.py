@@ -95,9 +95,12 @@ BATCH = 64  # datagrams read per turn at most (the datagram side, above)
 
 
 class Datagrams(NamedTuple):
-    """The datagram side a body may be given: a UDP socket and the endpoint it feeds."""
+    """The datagram side a body may be given: a UDP socket and the endpoint it feeds;
+    ``steer``: this worker's connection-ID tag (orisha/protocols/quic_steer.py), for the
+    bodies that move datagrams through ``udp.Pump`` (which hands over other workers')."""
     sock: socket.socket
     endpoint: object
+    steer: object = None
 
 
 def last_accepts(listener: socket.socket):
