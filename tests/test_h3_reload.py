@@ -21,6 +21,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, StreamReset
 
 from conftest import TEST_LIMITS, orisha
+from orisha.protocols.quic_steer import Steer
 from test_h3 import _Client
 from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
 
@@ -166,3 +167,18 @@ def test_h3_downloads_in_flight_survive_two_reloads(tmp_path, pki):
     assert err.count("orisha: reloaded") == 2, err
     print(f"requests made again after a refusal: {again};",
           "dropped as unknown:", _STRAYS.findall(err))
+
+
+def test_connection_ids_name_their_worker_and_nothing_else(tmp_path):
+    """Any worker with the server's key reads the (generation, index) tag back from an ID
+    another issued; the bytes on the wire differ from ID to ID (no visible worker prefix,
+    RFC 9000 §9.5); another key reads noise; generations are told apart modulo 256."""
+    key = os.urandom(16)
+    a, b = Steer(str(tmp_path), key, 3, 1), Steer(str(tmp_path), key, 4, 1)
+    ids = [a.cid(8) for _ in range(64)]
+    assert all(len(i) == 8 and b.owner(i) == a.tag == bytes((3, 1)) for i in ids)
+    assert len({i[:2] for i in ids}) > 16  # masked: the tag is not in the clear
+    assert a.successor == b.tag and Steer("", key, 255, 1).successor == bytes((0, 1))
+    other = Steer(str(tmp_path), os.urandom(16), 3, 1)
+    assert sum(other.owner(i) == a.tag for i in ids) < 8
+    assert not a.lives(b.tag) and a.path(b.tag) == str(tmp_path / "0401")

@@ -354,7 +354,9 @@ class Endpoint:
             except ValueError:  # another worker's, expired, or forged: as if it had none
                 token = b""
         if not token and self.handshaking >= self.retry_above:
-            scid = os.urandom(8)
+            # Tagged: the client's next Initial names us, so the worker whose key made the
+            # token gets it even when another generation reads it.
+            scid = self.steer.cid(8) if self.steer is not None else os.urandom(8)
             self.out.append((encode_quic_retry(
                 version=header.version, source_cid=scid, destination_cid=header.source_cid,
                 original_destination_cid=header.destination_cid,
