@@ -58,6 +58,7 @@ import dataclasses
 import heapq
 import itertools
 import os
+import sys
 from typing import Callable
 
 from aioquic.buffer import Buffer, BufferReadError
@@ -280,7 +281,6 @@ class Endpoint:
 
     def close(self) -> None:
         if self.strays and self.steer is not None:
-            import sys
             print(f"orisha: HTTP/3 worker {self.steer.tag.hex()}: {self.strays} datagrams of "
                   "connections no worker knew were dropped", file=sys.stderr)
             self.strays = 0
