@@ -43,6 +43,51 @@ _UDP_SEGMENT = 103  # <linux/udp.h>; Python's socket module has no name for it
 _SOL_UDP = getattr(socket, "SOL_UDP", 17)
 _GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP)
 _RECORD = struct.Struct("!HH")  # a handed-over datagram: its address's length, its length
+HANDOVER_BYTES = 1 << 18  # a hand-over message at most: a turn's datagrams for one worker
+
+
+def handover_socket(steer) -> socket.socket:
+    """Bind this worker's hand-over socket (a restarted worker takes its path again)."""
+    path = steer.path(steer.tag)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # the first worker of this tag
+        pass
+    fwd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    fwd.bind(path)
+    fwd.setblocking(False)
+    return fwd
+
+
+def handed(msg, n: int) -> list:
+    """The (datagram, address) pairs of one hand-over message of ``n`` bytes in ``msg``
+    (``handovers``' records)."""
+    batch, i = [], 0
+    while i + 4 <= n:
+        alen, dlen = _RECORD.unpack_from(msg, i)
+        if i + 4 + alen + dlen > n:  # cut short (larger than ``HANDOVER_BYTES``): the rest lost
+            break
+        head = bytes(msg[i + 4:i + 4 + alen]).split()
+        i += 4 + alen
+        batch.append((bytes(msg[i:i + dlen]), (head[0].decode(), *map(int, head[1:]))))
+        i += dlen
+    return batch
+
+
+def handovers(ep, paths: dict) -> list:
+    """``ep.forward`` as (message, path) pairs, one per worker, and ``ep.forward`` emptied."""
+    groups: dict[bytes, list] = {}
+    for tag, data, addr in ep.forward:
+        head = " ".join(map(str, addr)).encode()
+        groups.setdefault(tag, []).extend((_RECORD.pack(len(head), len(data)), head, data))
+    ep.forward.clear()
+    out = []
+    for tag, parts in groups.items():
+        path = paths.get(tag)
+        if path is None:
+            path = paths[tag] = ep.steer.path(tag)
+        out.append((b"".join(parts), path))
+    return out
 
 
 def gso_supported(sock: socket.socket) -> bool:
@@ -59,7 +104,7 @@ def gso_supported(sock: socket.socket) -> bool:
 class Pump:
     """Moves datagrams between one UDP socket and its endpoint (``base.py``)."""
 
-    __slots__ = ("sock", "fd", "ep", "gso", "fwd", "poll", "out_watched", "paths")
+    __slots__ = ("sock", "fd", "ep", "gso", "fwd", "poll", "out_watched", "paths", "buf")
 
     def __init__(self, datagrams) -> None:
         self.sock, self.ep = datagrams.sock, datagrams.endpoint
@@ -72,19 +117,12 @@ class Pump:
             self._steer(steer)
 
     def _steer(self, steer) -> None:
-        """Bind this worker's hand-over socket (a restarted worker takes its path again)."""
-        path = steer.path(steer.tag)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:  # the first worker of this tag
-            pass
-        fwd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        fwd.bind(path)
-        fwd.setblocking(False)
+        fwd = handover_socket(steer)
         poll = select.epoll()
         poll.register(self.sock.fileno(), select.EPOLLIN)
         poll.register(fwd.fileno(), select.EPOLLIN)
         self.fwd, self.poll, self.fd, self.paths = fwd, poll, poll.fileno(), {}
+        self.buf = bytearray(HANDOVER_BYTES)
         self.ep.steer_with(steer)
 
     def readable(self, now: float) -> bool:
@@ -109,33 +147,18 @@ class Pump:
         """Read what other workers handed over (``_hand_over``'s records)."""
         for _ in range(BATCH):
             try:
-                msg = self.fwd.recv(1 << 20)
+                n = self.fwd.recv_into(self.buf)
             except BlockingIOError:  # drained
                 return
             except OSError:  # nothing else is expected of a unix socket; the next turn retries
                 return
-            batch, i, n = [], 0, len(msg)
-            while i + 4 <= n:
-                alen, dlen = _RECORD.unpack_from(msg, i)
-                head = msg[i + 4:i + 4 + alen].split()
-                i += 4 + alen
-                batch.append((msg[i:i + dlen], (head[0].decode(), *map(int, head[1:]))))
-                i += dlen
-            self.ep.receive(batch, now, True)
+            self.ep.receive(handed(self.buf, n), now, True)
 
     def _hand_over(self) -> None:
         """Send ``ep.forward`` to the workers it names, one message per worker."""
-        groups: dict[bytes, list] = {}
-        for tag, data, addr in self.ep.forward:
-            head = " ".join(map(str, addr)).encode()
-            groups.setdefault(tag, []).extend((_RECORD.pack(len(head), len(data)), head, data))
-        self.ep.forward.clear()
-        for tag, parts in groups.items():
-            path = self.paths.get(tag)
-            if path is None:
-                path = self.paths[tag] = self.ep.steer.path(tag)
+        for msg, path in handovers(self.ep, self.paths):
             try:
-                self.fwd.sendto(b"".join(parts), path)
+                self.fwd.sendto(msg, path)
             except OSError:  # ENOENT/ECONNREFUSED: no such worker (any more); EAGAIN: its
                 pass         # queue is full. Lost datagrams, which QUIC recovers.
 
