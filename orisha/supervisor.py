@@ -155,9 +155,18 @@ class _Steering:
     ID (orisha/protocols/quic_steer.py): a private folder for the workers' hand-over
     sockets (0700: no other user can hand datagrams in) and the key that masks the tags."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str) -> None:
+        self.folder, self.key = folder, os.urandom(16)
+
+    @classmethod
+    def make(cls) -> "_Steering | None":
         import tempfile
-        self.folder, self.key = tempfile.mkdtemp(prefix="orisha-quic-"), os.urandom(16)
+        try:
+            return cls(tempfile.mkdtemp(prefix="orisha-quic-"))
+        except OSError as e:  # no writable temporary folder (TMPDIR, /tmp): connections
+            print(f"orisha: HTTP/3 connections will not outlive a reload: no private "  # as before
+                  f"folder for the hand-over sockets ({e})", file=sys.stderr)
+            return None
 
     def steer(self, gen: int, index: int):
         from .protocols.quic_steer import Steer
@@ -219,7 +228,7 @@ class Supervisor:
         # context: a reload reads the files).
         self.udp, self.make_quic, self.alt_svc = udp or [], quic, alt_svc
         self.quic = quic() if quic else None
-        self.steering = _Steering() if self.udp else None
+        self.steering = _Steering.make() if self.udp else None
         self.workers = len(self.socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1),  # several sites: a table
                                  len(getattr(site, "names_of", ())))  # (core/hosts.py)
@@ -363,7 +372,7 @@ class Supervisor:
         from .loops.base import Datagrams
         from .protocols.h3 import Endpoint
         return (Datagrams(self.udp[index], Endpoint(app, self.quic),
-                          self.steering.steer(self.gen, index)),)
+                          self.steering.steer(self.gen, index) if self.steering else None),)
 
     def _tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]
