@@ -150,6 +150,33 @@ class FileWatch:
         return True
 
 
+class _Steering:
+    """What every HTTP/3 worker of every generation shares to steer datagrams by connection
+    ID (orisha/protocols/quic_steer.py): a private folder for the workers' hand-over
+    sockets (0700: no other user can hand datagrams in) and the key that masks the tags."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.key = folder, os.urandom(16)
+
+    @classmethod
+    def make(cls) -> "_Steering | None":
+        import tempfile
+        try:
+            return cls(tempfile.mkdtemp(prefix="orisha-quic-"))
+        except OSError as e:  # no writable temporary folder (TMPDIR, /tmp): connections
+            print(f"orisha: HTTP/3 connections will not outlive a reload: no private "  # as before
+                  f"folder for the hand-over sockets ({e})", file=sys.stderr)
+            return None
+
+    def steer(self, gen: int, index: int):
+        from .protocols.quic_steer import Steer
+        return Steer(self.folder, self.key, gen, index)
+
+    def remove(self) -> None:
+        import shutil
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class Worker:
     """The supervisor's record of one worker process."""
     __slots__ = ("slot", "index", "gen", "began", "kill_at")
@@ -201,6 +228,7 @@ class Supervisor:
         # context: a reload reads the files).
         self.udp, self.make_quic, self.alt_svc = udp or [], quic, alt_svc
         self.quic = quic() if quic else None
+        self.steering = _Steering.make() if self.udp else None
         self.workers = len(self.socks)
         self.stats = SharedStats(self.workers * (MAX_DRAINING + 1),  # several sites: a table
                                  len(getattr(site, "names_of", ())))  # (core/hosts.py)
@@ -249,6 +277,8 @@ class Supervisor:
             if self.acme and not self.stopping:
                 self.acme.step(self, acme_fd in ready)
         self._settle_signals()
+        if self.steering:
+            self.steering.remove()
         return self.exit_status
 
     @staticmethod
@@ -341,7 +371,8 @@ class Supervisor:
             return ()
         from .loops.base import Datagrams
         from .protocols.h3 import Endpoint
-        return (Datagrams(self.udp[index], Endpoint(app, self.quic)),)
+        return (Datagrams(self.udp[index], Endpoint(app, self.quic),
+                          self.steering.steer(self.gen, index) if self.steering else None),)
 
     def _tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]

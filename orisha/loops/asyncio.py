@@ -14,7 +14,9 @@ The datagram side (``base.py``) is a ``DatagramProtocol``: what arrives within o
 event-loop turn is gathered into one batch (a ``call_soon`` per turn), sends go
 through the transport's ``sendto`` (it buffers on EAGAIN and pauses us at its
 high-water mark), and the endpoint's timer is one ``call_at`` handle. A transport
-takes no control messages, so this body sends GSO groups slice by slice.
+takes no control messages, so this body sends GSO groups slice by slice. Steering
+by connection ID (``udp.py``): the hand-over socket is one more reader of the loop,
+and what the endpoint hands to other workers goes out before its own datagrams.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ except ImportError:  # documented fallback: the stdlib loop, same behaviour, slo
 from ..blob import REGION_MIN, FileRegion, release as release_maps
 from ..core.connection import App
 from .base import ANSWERED, BACKLOG, BATCH, FRESH, LATE
+from .udp import HANDOVER_BYTES, handed, handover_socket, handovers
 
 _SLICE = 256 * 1024
 
@@ -131,6 +134,27 @@ class _Datagrams(asyncio.DatagramProtocol):
         self.ep, self.batch, self.t = ep, [], None
         self.paused = self.soon = False
         self.timer, self.timer_at = None, None
+        self.hand, self.paths, self.buf = None, {}, b""
+
+    def steer(self, steer) -> None:
+        """Steering by connection ID: bind the hand-over socket and read it (``udp.py``)."""
+        self.hand, self.buf = handover_socket(steer), bytearray(HANDOVER_BYTES)
+        self.ep.steer_with(steer)
+        asyncio.get_running_loop().add_reader(self.hand.fileno(), self.handed)
+
+    def handed(self) -> None:
+        for _ in range(BATCH):
+            try:
+                n = self.hand.recv_into(self.buf)
+            except OSError:  # BlockingIOError: drained (nothing else is expected here)
+                break
+            self.ep.receive(handed(self.buf, n), time.time(), True)
+        self.flush()
+
+    def unsteer(self) -> None:
+        if self.hand is not None:
+            asyncio.get_running_loop().remove_reader(self.hand.fileno())
+            self.hand.close()
 
     def connection_made(self, transport) -> None:
         self.t = transport
@@ -166,6 +190,12 @@ class _Datagrams(asyncio.DatagramProtocol):
         self.flush()
 
     def flush(self) -> None:
+        if self.hand is not None and self.ep.forward:
+            for msg, path in handovers(self.ep, self.paths):
+                try:
+                    self.hand.sendto(msg, path)
+                except OSError:  # no such worker (any more), or its queue is full: lost
+                    pass         # datagrams, which QUIC recovers
         out, t = self.ep.outgoing, self.t
         n = 0
         while n < len(out) and not self.paused and not t.is_closing():
@@ -210,6 +240,8 @@ class Loop:
         if self.datagrams is not None:
             _, self.udp = await loop.create_datagram_endpoint(
                 lambda: _Datagrams(self.datagrams.endpoint), sock=self.datagrams.sock)
+            if self.datagrams.steer is not None and hasattr(socket, "AF_UNIX"):
+                self.udp.steer(self.datagrams.steer)
         while not stopping():
             await asyncio.sleep(1)
             self._tick(time.time())
@@ -225,6 +257,7 @@ class Loop:
         for p in list(self.protocols):
             p.t.abort()
         if self.udp:
+            self.udp.unsteer()
             self.udp.t.close()
             self.udp.ep.close()
         self.app.tick(time.time())  # last counters and log lines

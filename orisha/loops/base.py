@@ -95,9 +95,14 @@ BATCH = 64  # datagrams read per turn at most (the datagram side, above)
 
 
 class Datagrams(NamedTuple):
-    """The datagram side a body may be given: a UDP socket and the endpoint it feeds."""
+    """The datagram side a body may be given: a UDP socket and the endpoint it feeds;
+    ``steer``: this worker's connection-ID tag (orisha/protocols/quic_steer.py) or None;
+    a body given one binds ``udp.handover_socket(steer)``, calls ``ep.steer_with(steer)``,
+    sends ``udp.handovers(ep, …)`` before ``ep.outgoing`` and gives what it reads there
+    to ``ep.receive(udp.handed(…), now, True)`` (``udp.Pump`` does all of it)."""
     sock: socket.socket
     endpoint: object
+    steer: object = None
 
 
 def last_accepts(listener: socket.socket):

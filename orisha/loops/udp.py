@@ -16,11 +16,23 @@ splits them), which is where the per-datagram syscall cost goes away. GSO is
 probed at start-up (``getsockopt``) and dropped for good after a send it refuses
 (EIO from a device without checksum offload, EINVAL): the slices then go one
 ``sendto`` each.
+
+Steering (``orisha/protocols/quic_steer.py``; Linux): when the datagram side carries a
+``Steer``, the pump also binds the worker's unix datagram socket and hands over what the
+endpoint puts in ``ep.forward`` — each turn's datagrams for one other worker as one
+unix message (the kernel queues only ``net.unix.max_dgram_qlen`` messages, 10 by
+default, so one per datagram would drop under load) — and reads what others hand it,
+given to ``ep.receive(batch, now, True)``. So that no body has to watch one more
+descriptor, ``pump.fd`` is then an epoll descriptor over both sockets: readable when
+either is, and, while sends wait, when the UDP socket is writable (an epoll descriptor
+never reports writable itself; every body reads and then flushes on readable).
 """
 
 from __future__ import annotations
 
 import errno
+import os
+import select
 import socket
 import struct
 import sys
@@ -30,6 +42,52 @@ from .base import BATCH
 _UDP_SEGMENT = 103  # <linux/udp.h>; Python's socket module has no name for it
 _SOL_UDP = getattr(socket, "SOL_UDP", 17)
 _GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP)
+_RECORD = struct.Struct("!HH")  # a handed-over datagram: its address's length, its length
+HANDOVER_BYTES = 1 << 18  # a hand-over message at most: a turn's datagrams for one worker
+
+
+def handover_socket(steer) -> socket.socket:
+    """Bind this worker's hand-over socket (a restarted worker takes its path again)."""
+    path = steer.path(steer.tag)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # the first worker of this tag
+        pass
+    fwd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    fwd.bind(path)
+    fwd.setblocking(False)
+    return fwd
+
+
+def handed(msg, n: int) -> list:
+    """The (datagram, address) pairs of one hand-over message of ``n`` bytes in ``msg``
+    (``handovers``' records)."""
+    batch, i = [], 0
+    while i + 4 <= n:
+        alen, dlen = _RECORD.unpack_from(msg, i)
+        if i + 4 + alen + dlen > n:  # cut short (larger than ``HANDOVER_BYTES``): the rest lost
+            break
+        head = bytes(msg[i + 4:i + 4 + alen]).split()
+        i += 4 + alen
+        batch.append((bytes(msg[i:i + dlen]), (head[0].decode(), *map(int, head[1:]))))
+        i += dlen
+    return batch
+
+
+def handovers(ep, paths: dict) -> list:
+    """``ep.forward`` as (message, path) pairs, one per worker, and ``ep.forward`` emptied."""
+    groups: dict[bytes, list] = {}
+    for tag, data, addr in ep.forward:
+        head = " ".join(map(str, addr)).encode()
+        groups.setdefault(tag, []).extend((_RECORD.pack(len(head), len(data)), head, data))
+    ep.forward.clear()
+    out = []
+    for tag, parts in groups.items():
+        path = paths.get(tag)
+        if path is None:
+            path = paths[tag] = ep.steer.path(tag)
+        out.append((b"".join(parts), path))
+    return out
 
 
 def gso_supported(sock: socket.socket) -> bool:
@@ -46,12 +104,26 @@ def gso_supported(sock: socket.socket) -> bool:
 class Pump:
     """Moves datagrams between one UDP socket and its endpoint (``base.py``)."""
 
-    __slots__ = ("sock", "fd", "ep", "gso")
+    __slots__ = ("sock", "fd", "ep", "gso", "fwd", "poll", "out_watched", "paths", "buf")
 
     def __init__(self, datagrams) -> None:
         self.sock, self.ep = datagrams.sock, datagrams.endpoint
         self.fd = self.sock.fileno()
         self.gso = gso_supported(self.sock)
+        self.fwd = self.poll = None
+        self.out_watched = False
+        steer = getattr(datagrams, "steer", None)
+        if steer is not None and hasattr(select, "epoll"):
+            self._steer(steer)
+
+    def _steer(self, steer) -> None:
+        fwd = handover_socket(steer)
+        poll = select.epoll()
+        poll.register(self.sock.fileno(), select.EPOLLIN)
+        poll.register(fwd.fileno(), select.EPOLLIN)
+        self.fwd, self.poll, self.fd, self.paths = fwd, poll, poll.fileno(), {}
+        self.buf = bytearray(HANDOVER_BYTES)
+        self.ep.steer_with(steer)
 
     def readable(self, now: float) -> bool:
         """Read one batch, hand it over, flush; False when the writes must wait."""
@@ -67,10 +139,33 @@ class Pump:
                 break
         if batch:
             self.ep.receive(batch, now)
+        if self.fwd is not None:
+            self._handed(now)
         return self.flush(now)
+
+    def _handed(self, now: float) -> None:
+        """Read what other workers handed over (``_hand_over``'s records)."""
+        for _ in range(BATCH):
+            try:
+                n = self.fwd.recv_into(self.buf)
+            except BlockingIOError:  # drained
+                return
+            except OSError:  # nothing else is expected of a unix socket; the next turn retries
+                return
+            self.ep.receive(handed(self.buf, n), now, True)
+
+    def _hand_over(self) -> None:
+        """Send ``ep.forward`` to the workers it names, one message per worker."""
+        for msg, path in handovers(self.ep, self.paths):
+            try:
+                self.fwd.sendto(msg, path)
+            except OSError:  # ENOENT/ECONNREFUSED: no such worker (any more); EAGAIN: its
+                pass         # queue is full. Lost datagrams, which QUIC recovers.
 
     def flush(self, now: float) -> bool:
         """Send what the endpoint has; False when the socket buffer filled first."""
+        if self.fwd is not None and self.ep.forward:
+            self._hand_over()
         out = self.ep.outgoing
         n = 0
         for payload, addr, segment in out:
@@ -79,12 +174,18 @@ class Pump:
             except BlockingIOError:  # the socket buffer is full: wait until writable
                 if n:
                     self.ep.sent(n, now)
+                if self.poll is not None and not self.out_watched:
+                    self.out_watched = True
+                    self.poll.modify(self.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
                 return False
             except OSError:  # EMSGSIZE, EHOSTUNREACH, ECONNREFUSED…: a lost datagram
                 pass
             n += 1
         if n:
             self.ep.sent(n, now)
+        if self.out_watched:
+            self.out_watched = False
+            self.poll.modify(self.sock.fileno(), select.EPOLLIN)
         return True
 
     def _send(self, payload, addr, segment: int) -> None:

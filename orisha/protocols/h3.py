@@ -34,6 +34,14 @@ connection. Graceful stop:
 GOAWAY on the control stream (§5.2), then CONNECTION_CLOSE with H3_NO_ERROR
 once every response is acknowledged.
 
+Reloads (``quic_steer.py``): with a ``Steer`` (``steer_with``, from ``udp.Pump``) every
+connection ID this worker issues names its generation and index, and a datagram of an
+unknown connection whose ID names another worker goes to ``forward`` instead of being
+dropped — so the draining generation, which shares each UDP socket with the new one,
+keeps every datagram of its connections until they close; a stopping worker hands the
+new clients' Initials to its successor. Nothing here ever answers a datagram of an
+unknown connection (no stateless reset): it is dropped and counted (``strays``).
+
 Several sites and certificates, as over TLS/TCP (orisha/protocols/tls.py): the
 ClientHello's server name — aioquic's server parses it and keeps nothing of it —
 is read from the hello itself as it reaches aioquic's TLS (``_Quic``), which then
@@ -50,6 +58,7 @@ import dataclasses
 import heapq
 import itertools
 import os
+import sys
 from typing import Callable
 
 from aioquic.buffer import Buffer, BufferReadError
@@ -117,9 +126,25 @@ def configurations(pairs, idle_timeout: float) -> ServerConfiguration | None:
 
 class _Quic(QuicConnection):
     """aioquic's server connection, plus the server name of the client's hello (``sni``)
-    and the certificate it picks (``ServerConfiguration.by_name``)."""
+    and the certificate it picks (``ServerConfiguration.by_name``); with ``steer``, its
+    connection IDs name the worker (aioquic draws them with os.urandom: redrawn here)."""
 
     sni: str | None = None
+
+    def __init__(self, *, steer=None, **kw) -> None:
+        super().__init__(**kw)
+        self.steer = steer
+        if steer is not None:
+            first = self._host_cids[0]
+            first.cid = self.host_cid = self._local_initial_source_connection_id = \
+                steer.cid(len(first.cid))
+
+    def _replenish_connection_ids(self) -> None:
+        n = len(self._host_cids)
+        super()._replenish_connection_ids()
+        if self.steer is not None:  # before NEW_CONNECTION_ID frames announce them
+            for c in self._host_cids[n:]:
+                c.cid = self.steer.cid(len(c.cid))
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)  # makes ``self.tls``, before any CRYPTO frame is read
@@ -187,6 +212,13 @@ class Endpoint:
         self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
         self.retry_above = RETRY_ABOVE
         self.handshaking = 0
+        self.steer = None
+        self.forward: list = []  # (worker tag, datagram, address) for other workers
+        self.strays = 0  # datagrams of connections this worker does not know, dropped
+
+    def steer_with(self, steer) -> None:
+        """Issue connection IDs that name this worker; hand others' datagrams over."""
+        self.steer = steer
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -207,12 +239,13 @@ class Endpoint:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def receive(self, batch: list, now: float) -> None:
+    def receive(self, batch: list, now: float, handed: bool = False) -> None:
+        """``handed``: the batch came from another worker (never handed on again)."""
         if self.config is None:  # no certificate yet (ACME): nothing to answer with
             return
         touched: dict[_Conn, None] = {}  # in arrival order, each once
         for data, addr in batch:
-            c = self._route(data, addr, now)
+            c = self._route(data, addr, now, handed)
             if c is not None:
                 c.quic.receive_datagram(data, addr, now)
                 touched[c] = None
@@ -247,6 +280,10 @@ class Endpoint:
             self._process(c, now)
 
     def close(self) -> None:
+        if self.strays and self.steer is not None:
+            print(f"orisha: HTTP/3 worker {self.steer.tag.hex()}: {self.strays} datagrams of "
+                  "connections no worker knew were dropped", file=sys.stderr)
+            self.strays = 0
         for c in self.live:
             if c.counted:
                 self.app.open -= 1
@@ -257,9 +294,10 @@ class Endpoint:
         self.out.clear()
 
     # -- connections -------------------------------------------------------------
-    def _route(self, data: bytes, addr, now: float) -> _Conn | None:
+    def _route(self, data: bytes, addr, now: float, handed: bool = False) -> _Conn | None:
         """The connection a datagram belongs to, a new one for a client's first Initial, or
-        None (answered here, or dropped: garbage, an unknown connection)."""
+        None (answered here, handed to another worker, or dropped: garbage, an unknown
+        connection)."""
         try:
             header = pull_quic_header(Buffer(data=data),
                                       host_cid_length=self.config.connection_id_length)
@@ -268,6 +306,33 @@ class Endpoint:
         c = self.conns.get(header.destination_cid)
         if c is not None:
             return c
+        kind = header.packet_type
+        if kind is QuicPacketType.ONE_RTT or (kind is QuicPacketType.HANDSHAKE and header.version
+                                              in self.config.supported_versions):
+            # An ID we issued (the client has seen one): another worker's, or a connection gone.
+            steer = self.steer
+            if (steer is not None and not handed
+                    and len(header.destination_cid) == self.config.connection_id_length):
+                owner = steer.owner(header.destination_cid)
+                if owner != steer.tag:
+                    self.forward.append((owner, data, addr))
+                    return None
+            self.strays += 1
+            return None
+        steer = self.steer
+        if steer is not None and (kind is QuicPacketType.INITIAL
+                                  or kind is QuicPacketType.ZERO_RTT):
+            if not handed and len(header.destination_cid) == self.config.connection_id_length:
+                # A client's later Initials carry the ID the server chose: another worker's
+                # (a fresh client's random ID names a worker that exists about once in
+                # 65536 / (workers × generations); that worker takes it as new, as we would).
+                owner = steer.owner(header.destination_cid)
+                if owner != steer.tag and steer.lives(owner):
+                    self.forward.append((owner, data, addr))
+                    return None
+            if self.stopping:  # a reload's new clients: the next generation's
+                self.forward.append((steer.successor, data, addr))
+                return None
         if len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
             return None  # RFC 9000 §14.1: a client's first datagram is padded to 1200 bytes
         if header.version is not None and header.version not in self.config.supported_versions:
@@ -289,7 +354,9 @@ class Endpoint:
             except ValueError:  # another worker's, expired, or forged: as if it had none
                 token = b""
         if not token and self.handshaking >= self.retry_above:
-            scid = os.urandom(8)
+            # Tagged: the client's next Initial names us, so the worker whose key made the
+            # token gets it even when another generation reads it.
+            scid = self.steer.cid(8) if self.steer is not None else os.urandom(8)
             self.out.append((encode_quic_retry(
                 version=header.version, source_cid=scid, destination_cid=header.source_cid,
                 original_destination_cid=header.destination_cid,
@@ -299,7 +366,7 @@ class Endpoint:
                 addr, 0))
             return None
         quic = _Quic(configuration=self.config, original_destination_connection_id=original,
-                     retry_source_connection_id=retried)
+                     retry_source_connection_id=retried, steer=self.steer)
         c = _Conn(quic, addr[0], next(self.seq), app)
         self.handshaking += 1
         for cid in (header.destination_cid, quic.host_cid):
