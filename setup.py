@@ -39,7 +39,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-EXTRA = ["-O2"]
+# -g0: no debug info (the interpreter's CFLAGS often carry -g): a third less compile time for
+# the core's generated C, and release-sized modules.
+EXTRA = ["-O2", "-g0"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 # What the wheel copies from the repository: (source, destination inside the package).
 PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")),

@@ -12,6 +12,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
@@ -27,14 +29,21 @@ PURE = ["epoll-pure", "io-uring-pure"]
 # Every server the conformance suite runs against: the loops, and the packaged targets.
 TARGETS = LOOPS + PURE + ["container", "unikernel"]
 TESTS = os.path.dirname(os.path.abspath(__file__))
+# ORISHA_TEST_PYTHON: the interpreter of an installed Orisha (a wheel in a venv) that every
+# server and build runs instead of the checkout's; from a folder outside the checkout, so
+# `python -m orisha.cli` cannot import the checkout's package (tests/test_wheel.py).
+PYTHON = os.environ.get("ORISHA_TEST_PYTHON") or sys.executable
+INSTALLED = PYTHON != sys.executable
+RUN_DIR = os.environ.get("ORISHA_TEST_CWD") or (tempfile.mkdtemp(prefix="orisha-run-")
+                                                  if INSTALLED else ROOT)
 
 # One compression cache for the whole run (builds of the same bytes reuse it), never the user's.
 os.environ.setdefault("ORISHA_CACHE", os.path.join(ROOT, ".pytest_cache", "orisha"))
 
 
 def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orisha.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=kw.pop("timeout", 600), **kw)
+    return subprocess.run([PYTHON, "-m", "orisha.cli", *args], capture_output=True,
+                          text=True, cwd=RUN_DIR, timeout=kw.pop("timeout", 600), **kw)
 
 
 def orisha_cmd(args=(), prelude: str = "") -> list[str]:
@@ -45,8 +54,8 @@ def orisha_cmd(args=(), prelude: str = "") -> list[str]:
         prelude += (f"import sys; sys.path.insert(0, {TESTS!r}); import kqueue_double; "
                     "kqueue_double.install(); ")
     if prelude:
-        return [sys.executable, "-c", prelude + "from orisha.cli import main; main()"]
-    return [sys.executable, "-m", "orisha.cli"]
+        return [PYTHON, "-c", prelude + "from orisha.cli import main; main()"]
+    return [PYTHON, "-m", "orisha.cli"]
 
 
 class Server:
@@ -55,7 +64,7 @@ class Server:
     def __init__(self, build: str, *args: str, proc: subprocess.Popen | None = None,
                  env: dict | None = None) -> None:
         self.proc = proc or subprocess.Popen(
-            self.cmd(build, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            self.cmd(build, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=RUN_DIR,
             env=env)
         line = self.proc.stdout.readline()
         m = re.search(r"http://([\d.]+):(\d+)/", line)
@@ -64,6 +73,7 @@ class Server:
             raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.line = line
         self.port = int(m.group(2))
+        check_installed(self.proc, env)
 
     @staticmethod
     def cmd(build: str, *args: str) -> list[str]:
@@ -89,6 +99,40 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+
+
+def orisha_modules(pid: int) -> set[str]:
+    """The compiled Orisha modules (.so) a server and its workers have mapped."""
+    found = set()
+    for p in [str(pid), *subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                        text=True).stdout.split()]:
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                found |= {ln.split()[-1] for ln in f if "/orisha/" in ln and ".so" in ln}
+        except OSError:  # a worker that exited meanwhile
+            pass
+    return found
+
+
+def check_installed(proc: subprocess.Popen, env: dict | None = None) -> None:
+    """With ORISHA_TEST_PYTHON: the server runs the installed Orisha, i.e. its compiled
+    modules are mapped from that interpreter's site-packages (bounded wait for the workers)."""
+    if not INSTALLED or proc.poll() is not None:
+        return
+    site = subprocess.run([PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                          capture_output=True, text=True, cwd=RUN_DIR, timeout=60).stdout.strip()
+    pure = bool((os.environ if env is None else env).get("ORISHA_PURE"))
+    for _ in range(1 if pure else 50):
+        mods = orisha_modules(proc.pid)
+        if mods:
+            break
+        time.sleep(0.1)
+    assert site and (mods or pure) and all(m.startswith(site + "/orisha/") for m in mods), \
+        (site, mods)
+    log = os.environ.get("ORISHA_TEST_MODULES")  # test_wheel.py reads what was mapped
+    if log:
+        with open(log, "a") as f:
+            f.writelines(m + "\n" for m in sorted(mods))
 
 
 # The demo site is served in two modes: with its own 404 page, and as a single-page app.

@@ -24,6 +24,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -90,43 +91,153 @@ def sdist(work) -> str:
     return os.path.join(dist, r.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def wheels(work, sdist) -> dict[str, tuple[str, str]]:
-    """Python version → (wheel, the build's output), built from the sdist at once."""
-    out: dict[str, tuple[str, str]] = {}
-    errors: list[str] = []
+class Steps:
+    """The module's installs, run at once in threads (pip and the compilers of three builds,
+    pipx and the pure install overlap): each step's result, or the error its tests report."""
 
-    def build(version: str, python: str | None) -> None:
-        try:
-            # 3.12/3.13: one venv builds the wheel and then runs it (with its dependencies)
-            py = sys.executable if python is None else venv(
-                python, str(work / f"venv-{version}"), *BUILD_DEPS, *RUN_DEPS)
-            dest = str(work / f"wheels-{version}")
-            # -v: setup.py's summary line ("orisha: compiled build: ...") is in pip's output
-            r = run([py, *PIP, "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", dest, sdist],
-                    cwd=str(work))
-            (name,) = os.listdir(dest)
-            out[version] = (os.path.join(dest, name), r.stdout + r.stderr)
-        except (AssertionError, OSError, subprocess.TimeoutExpired) as e:
-            errors.append(f"{version}: {e}")
+    def __init__(self) -> None:
+        self.results: dict[str, object] = {}
+        self.errors: dict[str, str] = {}
+        self.threads: list[threading.Thread] = []
 
-    threads = [threading.Thread(target=build, args=("3.11", None))]
-    threads += [threading.Thread(target=build, args=(v, p)) for v, p in OTHER_PYTHONS.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, "\n".join(errors)
-    return out
+    def start(self, name: str, fn, *args) -> None:
+        def step() -> None:
+            try:
+                self.results[name] = fn(*args)
+            except (AssertionError, OSError, subprocess.TimeoutExpired) as e:
+                self.errors[name] = f"{name}: {e}"
+        self.threads.append(threading.Thread(target=step))
+        self.threads[-1].start()
+
+    def join(self) -> "Steps":
+        for t in self.threads:
+            t.join()
+        return self
+
+    def __getitem__(self, name: str):
+        if name not in self.results:
+            pytest.fail(self.errors.get(name, f"{name}: not run"), pytrace=False)
+        return self.results[name]
 
 
-@pytest.fixture(scope="module")
-def installed(work, wheels) -> str:
-    """The 3.11 wheel with the container extra in a fresh venv; its bin/ folder."""
+def build_wheel(py: str, work, version: str, sdist: str) -> tuple[str, str]:
+    """(wheel, the build's output) of ``py`` from the sdist."""
+    dest = str(work / f"wheels-{version}")
+    # -v: setup.py's summary line ("orisha: compiled build: ...") is in pip's output
+    r = run([py, *PIP, "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", dest, sdist],
+            cwd=str(work))
+    (name,) = os.listdir(dest)
+    return os.path.join(dest, name), r.stdout + r.stderr
+
+
+def wheel_and_pipx(work, sdist: str) -> tuple[str, str, str]:
+    """3.11 (the suite's venv builds): the wheel, then ``pipx install`` of it with the
+    container extra — pipx makes the fresh virtualenv, one install for the pipx check and the
+    targets' tests. (wheel, build output, the pipx venv's bin/ folder)."""
+    wheel, log = build_wheel(sys.executable, work, "3.11", sdist)
+    assert shutil.which("pipx"), "pipx is not installed (./dev test installs Debian's pipx)"
+    base = getattr(sys, "_base_executable", sys.executable)  # the wheel's Python (3.11)
+    run(["pipx", "install", "--python", base, f"{wheel}[container]"], cwd=str(work),
+        env=pipx_env(work))
+    bin_dir = str(work / "pipx" / "venvs" / "orisha" / "bin")
+    assert os.path.realpath(str(work / "bin" / "orisha")) == os.path.join(bin_dir, "orisha")
+    return wheel, log, bin_dir
+
+
+def wheel_in_venv(work, version: str, python: str, sdist: str) -> tuple:
+    """3.12/3.13: one venv builds the wheel (setuptools, Cython, Orisha's dependencies) and
+    then has it installed; the suite's subset then starts against it, in the background.
+    (wheel, build output, the venv's python, the Subset)."""
+    py = venv(python, str(work / f"venv-{version}"), *BUILD_DEPS, *RUN_DEPS)
+    wheel, log = build_wheel(py, work, version, sdist)
+    run([py, *PIP, "install", "-q", "--no-deps", wheel], cwd=str(work))
+    return wheel, log, py, Subset(work, version, py)
+
+
+def pure_from_sdist(work, sdist: str) -> tuple[str, str]:
+    """The sdist in a venv without Cython: (its python, pip's output)."""
     base = getattr(sys, "_base_executable", sys.executable)
-    py = venv(base, str(work / "venv-3.11"))
-    run([py, *PIP, "install", "-q", f"{wheels['3.11'][0]}[container]"], cwd=str(work))
-    return os.path.dirname(py)
+    py = venv(base, str(work / "venv-pure"), "setuptools>=68")
+    assert run([py, "-c", "import importlib.util as u; print(u.find_spec('Cython'))"],
+               cwd=str(work)).stdout.strip() == "None"
+    r = run([py, *PIP, "install", "-v", "--no-build-isolation", sdist], cwd=str(work))
+    return py, r.stdout + r.stderr
+
+
+def pipx_env(work) -> dict:
+    return {**user_env(), "PIPX_HOME": str(work / "pipx"), "PIPX_BIN_DIR": str(work / "bin")}
+
+
+# The suite's conformance and TLS parts on one hosted loop (the compiled epoll body, the
+# compiled core and TLS layer): every test of theirs parametrised by it.
+SUBSET = ["tests/test_conformance.py", "tests/test_tls.py", "-k", "epoll and not pure"]
+
+
+class Subset:
+    """SUBSET as a pytest of the suite's venv whose servers and builds run ``py``'s installed
+    Orisha (conftest's ORISHA_TEST_PYTHON) from a folder outside the checkout; started as
+    soon as the wheel is installed, so it runs beside the module's other tests. Its own
+    session (a process group): stopped with its servers whatever happens."""
+
+    def __init__(self, work, version: str, py: str) -> None:
+        self.dir = work / f"subset-{version}"
+        self.dir.mkdir()
+        self.mapped = self.dir / "mapped"
+        self.out = self.dir / "pytest.log"
+        env = {**user_env(), "ORISHA_TEST_PYTHON": py, "ORISHA_TEST_CWD": str(self.dir),
+               "ORISHA_TEST_MODULES": str(self.mapped)}
+        with open(self.out, "w") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                 f"--basetemp={self.dir / 'tmp'}", *SUBSET], cwd=ROOT, env=env, stdout=f,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(TIMEOUT)
+        finally:
+            self.stop()
+        return code, self.out.read_text()
+
+    def stop(self) -> None:
+        for sig, grace in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):  # SIGINT: its teardown
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, sig)
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # a server it left behind
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def steps(work, sdist):
+    s = Steps()
+    s.start("3.11", wheel_and_pipx, work, sdist)
+    for version, python in OTHER_PYTHONS.items():
+        s.start(version, wheel_in_venv, work, version, python, sdist)
+    s.start("pure", pure_from_sdist, work, sdist)
+    try:
+        yield s.join()
+    finally:
+        for v in OTHER_PYTHONS:
+            if v in s.results:
+                s.results[v][3].stop()
+
+
+@pytest.fixture(scope="module")
+def wheels(steps) -> dict[str, tuple[str, str]]:
+    """Python version → (wheel, the build's output)."""
+    return {v: steps[v][:2] for v in ("3.11", *OTHER_PYTHONS)}
+
+
+@pytest.fixture(scope="module")
+def installed(steps) -> str:
+    """The pipx venv's bin/ folder (3.11 wheel, container extra)."""
+    return steps["3.11"][2]
 
 
 def orisha_version(exe: str, cwd: str) -> str:
@@ -175,8 +286,8 @@ def test_the_wheel_carries_the_compiled_core_its_stamp_and_the_targets_files(whe
     assert re.search(r"orisha: compiled build: .*orisha\.core\.connection", log)
 
 
-def test_installed_wheel_runs_the_compiled_core_silently(installed, tmp_path):
-    exe = os.path.join(installed, "orisha")
+def test_installed_wheel_runs_the_compiled_core_silently(installed, work, tmp_path):
+    exe = str(work / "bin" / "orisha")  # pipx's link, the command a user runs
     assert "epoll compiled, io-uring compiled, core compiled, tls compiled" in \
         orisha_version(exe, str(tmp_path))
     r = run([os.path.join(installed, "python"), "-c",
@@ -191,12 +302,35 @@ def test_installed_wheel_builds_and_serves_the_demo(installed, tmp_path):
     serve_and_get(exe, out, str(tmp_path), "--loop", "epoll")
 
 
+def _stamp(objdir: str, name: str) -> str:
+    try:
+        with open(os.path.join(objdir, name)) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path):
+    from orisha.targets.unikernel.image import DIGEST, build_dirs, tree_digest, tree_files
     exe = os.path.join(installed, "orisha")
     out = str(tmp_path / "out")
-    run([exe, "build", DEMO, "-o", out, "--loop", "unikernel"], cwd=str(tmp_path))
     (src,) = glob.glob(os.path.join(os.path.dirname(installed), "lib", "python3*", "site-packages",
                                     "orisha", "targets", "unikernel", "tree"))
+    checkout = os.path.join(ROOT, "unikernel")
+    digest = tree_digest(src, tree_files(src))
+    # The checkout's object folder, when this run's cache has one built from these very
+    # sources (a committed checkout: the wheel's copy is byte for byte its unikernel/), is
+    # the installed tree's start: its lwIP objects are copied, not compiled again.
+    donor = build_dirs(checkout)[0]
+    lwip = sorted(glob.glob(os.path.join(donor, "lwip", "**", "*.o"), recursive=True))
+    before = {os.path.relpath(f, donor): os.stat(f).st_mtime_ns for f in lwip}
+    shared = bool(before) and _stamp(donor, DIGEST) == digest == tree_digest(
+        checkout, tree_files(checkout))
+    run([exe, "build", DEMO, "-o", out, "--loop", "unikernel"], cwd=str(tmp_path))
+    objdir = build_dirs(src)[0]
+    assert _stamp(objdir, DIGEST) == digest
+    if shared:
+        assert {r: os.stat(os.path.join(objdir, r)).st_mtime_ns for r in before} == before
     # Nothing written beside the installed sources: objects and lwIP are in the cache.
     tree = [os.path.join(d, n) for d, _, ns in os.walk(src) for n in ns]
     assert os.path.join(src, "build.sh") in tree
@@ -215,7 +349,6 @@ def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path)
             p.terminate()
         p.wait(20)
         # This venv's kernel objects (per source tree) are of no use to a later run.
-        from orisha.targets.unikernel.image import build_dirs
         shutil.rmtree(build_dirs(src)[0], ignore_errors=True)
 
 
@@ -250,40 +383,46 @@ def test_installed_wheel_builds_the_container_and_docker_builds_out(installed, t
         docker("rmi", "-f", tag, check=False)
 
 
-def test_pipx_installs_the_wheel_compiled(wheels, tmp_path):
-    assert shutil.which("pipx"), "pipx is not installed (./dev test installs Debian's pipx)"
-    env = {**user_env(), "PIPX_HOME": str(tmp_path / "pipx"), "PIPX_BIN_DIR": str(tmp_path / "bin")}
-    base = getattr(sys, "_base_executable", sys.executable)  # the wheel's Python (3.11)
-    run(["pipx", "install", "--python", base, wheels["3.11"][0]], cwd=str(tmp_path), env=env)
-    exe = str(tmp_path / "bin" / "orisha")
-    assert "core compiled" in orisha_version(exe, str(tmp_path))
-
-
-def test_the_sdist_without_cython_installs_pure_and_says_so(work, sdist, tmp_path):
-    base = getattr(sys, "_base_executable", sys.executable)
-    py = venv(base, str(tmp_path / "v"), "setuptools>=68")
-    assert run([py, "-c", "import importlib.util as u; print(u.find_spec('Cython'))"],
-               cwd=str(tmp_path)).stdout.strip() == "None"
-    r = run([py, *PIP, "install", "-v", "--no-build-isolation", sdist], cwd=str(tmp_path))
-    assert "orisha: pure-Python build (Cython not installed)" in r.stdout + r.stderr
+def test_the_sdist_without_cython_installs_pure_and_says_so(steps, tmp_path):
+    py, log = steps["pure"]
+    assert "orisha: pure-Python build (Cython not installed)" in log
     exe = os.path.join(os.path.dirname(py), "orisha")
     assert "epoll pure, io-uring pure, core pure" in orisha_version(exe, str(tmp_path))
 
 
 @pytest.mark.parametrize("version", list(OTHER_PYTHONS))
-def test_the_wheel_on_newer_pythons(work, wheels, version, tmp_path):
+def test_the_wheel_on_newer_pythons(steps, version, tmp_path):
     """3.12 and 3.13: compiled (io_uring's body only where liburing 2024.5.3 exists), the
     demo builds and is served, and the kTLS probe reports the kernel, not the Python."""
-    wheel, log = wheels[version]
+    wheel, log, py, _ = steps[version]
     assert f"cp{version.replace('.', '')}" in os.path.basename(wheel)
     assert "not compiled: orisha.loops.compiled_io_uring (liburing not installed)" in log
-    py = str(work / f"venv-{version}" / "bin" / "python")  # made by the wheels fixture
-    run([py, *PIP, "install", "-q", "--no-deps", wheel], cwd=str(tmp_path))
     exe = os.path.join(os.path.dirname(py), "orisha")
-    assert "epoll compiled, io-uring pure, core compiled" in orisha_version(exe, str(tmp_path))
+    assert "epoll compiled, io-uring pure, core compiled, tls compiled" in \
+        orisha_version(exe, str(tmp_path))
     out = str(tmp_path / "out")
     run([exe, "build", DEMO, "-o", out], cwd=str(tmp_path))
     serve_and_get(exe, out, str(tmp_path))  # auto: epoll, liburing being absent
     probe = run([py, "-c", "from orisha.protocols.tls import probe_ktls; print(probe_ktls())"],
                 cwd=str(tmp_path)).stdout
     assert probe.startswith("kTLS off: ") and "OP_ENABLE_KTLS" not in probe, probe
+
+
+@pytest.mark.parametrize("version", list(OTHER_PYTHONS))
+def test_the_suites_conformance_and_tls_parts_pass_on_the_installed_wheel(steps, version):
+    """Each server of those tests is checked (conftest.check_installed) to have mapped its
+    compiled modules from the venv's site-packages; they are listed here."""
+    _, _, py, subset = steps[version]
+    code, out = subset.wait()
+    assert code == 0, out[-8000:]
+    passed = re.search(r"(\d+) passed", out)
+    assert passed and int(passed.group(1)) >= 100 and " failed" not in out, out[-3000:]
+    tmp = subset.dir
+    site = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+               cwd=str(tmp)).stdout.strip()
+    mods = set(subset.mapped.read_text().split())
+    tag = f"cpython-{version.replace('.', '')}"
+    for m in ("orisha/core/connection", "orisha/loops/compiled_epoll",
+              "orisha/protocols/compiled_tls"):
+        assert any(p.startswith(f"{site}/{m}.{tag}-") for p in mods), (m, mods)
+    assert all(p.startswith(site + "/") for p in mods), mods

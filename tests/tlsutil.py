@@ -89,16 +89,17 @@ def serve(build: str, *args: str, env: dict | None = None):
     ``https://`` or ``http://`` start-up line."""
     import re
 
-    from conftest import Server
+    from conftest import RUN_DIR, Server, check_installed
     s = Server.__new__(Server)
     s.proc = subprocess.Popen(Server.cmd(build, *args), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=RUN_DIR)
     s.line = s.proc.stdout.readline()
     m = re.search(r"https?://([\d.]+):(\d+)/", s.line)
     if not m:
         s.proc.kill()
         raise RuntimeError(f"server did not start: {s.line!r} {s.proc.stderr.read()}")
     s.port = int(m.group(2))
+    check_installed(s.proc, env)
     return s
 
 

@@ -19,15 +19,19 @@ case "$build" in /*) ;; *) build=$here/$build ;; esac
 out=${2:-$build/orisha.img}
 case "$out" in /*) ;; *) out=$(pwd)/$out ;; esac
 lwip=$(sh "$here/fetch-lwip.sh")
+# ORISHA_OLD: tree files make counts as old (orisha build sets it when the objects in BUILD
+# were built from byte-identical sources, e.g. copied from another install's folder).
+old=
+for f in ${ORISHA_OLD:-}; do old="$old -o $f"; done
 # TLS_CERT and TLS_KEY (PEM files, from the environment): a kernel that also
 # serves TLS on 443, with mbedTLS fetched like lwIP (fetch-mbedtls.sh).
 if [ -n "${TLS_CERT:-}" ]; then
     [ -n "${TLS_KEY:-}" ] || { echo "build.sh: TLS_CERT without TLS_KEY" >&2; exit 2; }
     mbedtls=$(sh "$here/fetch-mbedtls.sh")
-    make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
+    make $old -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
         BUILD="$build" MBEDTLS_DIR="$mbedtls" TLS_CERT="$TLS_CERT" TLS_KEY="$TLS_KEY" >&2
 else
-    make -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
+    make $old -C "$here" -j"${JOBS:-2}" --no-print-directory LWIP_DIR="$lwip" SITE="$site" OUT="$out" \
         BUILD="$build" TLS_CERT= TLS_KEY= >&2
 fi
 echo "$out"

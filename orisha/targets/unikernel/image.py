@@ -44,6 +44,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import struct
 import subprocess
 
@@ -162,6 +163,56 @@ def build_dirs(src: str) -> tuple[str, str]:
     fetched lwIP and mbedTLS trees do not depend on Orisha's sources and are shared."""
     key = hashlib.blake2b(os.path.realpath(src).encode(), digest_size=8).hexdigest()
     return manifest.cache_root("unikernel", "build", key), manifest.cache_root("unikernel", "sources")
+
+
+# unikernel/ entries the build does not read (setup.py's UNPACKAGED leaves them out of a wheel).
+_NOT_SOURCES = ("build", ".cache", "tools", "__pycache__")
+DIGEST = ".sources"  # in an object folder: the digest of the tree its objects were built from
+
+
+def tree_files(src: str) -> list[str]:
+    """The kernel tree's source files, relative to it, in a fixed order."""
+    files = []
+    for dirpath, dirs, names in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d not in _NOT_SOURCES)
+        files += [os.path.relpath(os.path.join(dirpath, n), src) for n in sorted(names)
+                  if not n.endswith(".o")]
+    return files
+
+
+def tree_digest(src: str, files: list[str]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for rel in files:
+        with open(os.path.join(src, rel), "rb") as f:
+            h.update(rel.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _seed(objdir: str, digest: str) -> None:
+    """A new object folder starts as a copy of one built from byte-identical sources (the
+    checkout's and an installed wheel's tree, or a reinstall in a new venv), so make
+    compiles only what differs (the site, a certificate) instead of lwIP and mbedTLS."""
+    if os.path.exists(os.path.join(objdir, DIGEST)) or os.path.isdir(os.path.join(objdir, "obj")):
+        return
+    parent = os.path.dirname(objdir)
+    for name in sorted(os.listdir(parent)):
+        donor = os.path.join(parent, name)
+        if donor == objdir or _read(os.path.join(donor, DIGEST)) != digest:
+            continue
+        with open(os.path.join(donor, ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # not while the donor is being built
+            if _read(os.path.join(donor, DIGEST)) == digest:
+                shutil.copytree(donor, objdir, dirs_exist_ok=True, symlinks=True,
+                                ignore=shutil.ignore_patterns(".lock"))  # copy2: mtimes kept
+                return
 
 
 def _entry(doc: Document) -> Entry:
@@ -404,8 +455,18 @@ def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) ->
     os.makedirs(objdir, exist_ok=True)
     env = dict(os.environ, BUILD=objdir, ORISHA_FETCHED=fetched, JOBS=os.environ.get("JOBS", "2"),
                TLS_CERT=tls[0] if tls else "", TLS_KEY=tls[1] if tls else "")
+    files = tree_files(src)
+    digest = tree_digest(src, files)
+    stamp = os.path.join(objdir, DIGEST)
     with open(os.path.join(objdir, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        _seed(objdir, digest)
+        # Objects built from these very bytes: the tree's files count as old for make (an
+        # install writes them with new mtimes); else make's timestamps decide, as for an edit.
+        if _read(stamp) == digest:
+            env["ORISHA_OLD"] = " ".join(f for f in files if " " not in f)
+        if os.path.exists(stamp):
+            os.unlink(stamp)  # a failed build leaves objects of unknown sources
         policy_header.write(os.path.join(objdir, "gen"))  # the Makefile's $(GEN)
         h2_tables.write(os.path.join(objdir, "gen"))
         try:
@@ -414,6 +475,9 @@ def link(blob_path: str, image_path: str, tls: tuple[str, str] | None = None) ->
                                text=True, env=env)
         except OSError as e:
             raise BuildError(f"{script}: cannot run ({e.strerror})") from None
+        if r.returncode == 0 and os.path.isfile(image_path):
+            with open(stamp, "w") as f:
+                f.write(digest + "\n")
     if r.returncode != 0 or not os.path.isfile(image_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         why = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")
