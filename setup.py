@@ -12,6 +12,8 @@ When Cython and a C compiler are there, ``pip install`` also builds:
                                    the types in connection.pxd (one source; the .py is the
                                    fallback, chosen by orisha/core/__init__.py when
                                    ORISHA_PURE is set or the sources changed since the build)
+  orisha.protocols.h2              the HTTP/2 frame layer: h2.py itself with h2.pxd, chosen
+                                   the same way (its own stamp, h2.sources)
 
 Without Cython, without a compiler (``CC=false``), or when one extension fails
 to compile, the build still succeeds with the pure modules only:
@@ -76,6 +78,8 @@ def extensions() -> list:
                       extra_compile_args=EXTRA),
             Extension("orisha.core.connection", ["orisha/core/connection.py"],
                       extra_compile_args=EXTRA),
+            Extension("orisha.protocols.h2", ["orisha/protocols/h2.py"],
+                      extra_compile_args=EXTRA),
             # OpenSSL's C API against the libssl the stdlib links (Debian: libssl-dev's
             # headers); a machine without them fails this one module, which is skipped.
             Extension("orisha.protocols.compiled_tls", ["orisha/protocols/compiled_tls.pyx"],
@@ -92,18 +96,23 @@ def extensions() -> list:
                                           "annotation_typing": False})
 
 
-def _stamp_core_sources(directory: str) -> None:
-    """Record beside the built core which sources it was built from (orisha/compiled.py
-    compares them at import in a checkout, so an edit without a rebuild runs the .py, not
-    stale C; the wheel carries the stamp with the module)."""
+def _stamp_core_sources(directory: str, module: str = "orisha.core.connection") -> None:
+    """Record beside a module compiled from its .py (the core, the HTTP/2 layer) which
+    sources it was built from (orisha/compiled.py compares them at import in a checkout, so
+    an edit without a rebuild runs the .py, not stale C; the wheel carries the stamp with
+    the module)."""
     sys.path.insert(0, HERE)
     try:
         from orisha import compiled
     finally:
         sys.path.pop(0)
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, os.path.basename(compiled.STAMP)), "w") as f:
-        f.write(compiled.sources_digest() + "\n")
+    with open(os.path.join(directory, os.path.basename(compiled.stamp(module))), "w") as f:
+        f.write(compiled.sources_digest(module) + "\n")
+
+
+# Modules compiled from their own .py, each with a stamp beside it (orisha/compiled.py).
+FROM_PY = {"connection.": "orisha.core.connection", "h2.": "orisha.protocols.h2"}
 
 
 class OptionalBuildExt(build_ext):
@@ -129,8 +138,9 @@ class OptionalBuildExt(build_ext):
             return super().copy_file(src, dst, *args, **kwargs)
         shutil.copyfile(src, f"{dst}.new")
         os.replace(f"{dst}.new", dst)
-        if os.path.basename(dst).startswith("connection."):  # the core: its stamp goes along
-            _stamp_core_sources(os.path.dirname(dst))
+        for prefix, module in FROM_PY.items():  # compiled from a .py: its stamp goes along
+            if os.path.basename(dst).startswith(prefix):
+                _stamp_core_sources(os.path.dirname(dst), module)
         return dst, 1
 
     def build_extension(self, ext) -> None:
@@ -142,8 +152,8 @@ class OptionalBuildExt(build_ext):
             _SKIPPED.append(f"{ext.name} (compiler failed{HINTS.get(ext.name, '')})")
             return
         self.built.append(ext.name)
-        if ext.name == "orisha.core.connection":  # in place (editable) or in build_lib (wheel)
-            _stamp_core_sources(os.path.dirname(self.get_ext_fullpath(ext.name)))
+        if ext.name in FROM_PY.values():  # in place (editable) or in build_lib (wheel)
+            _stamp_core_sources(os.path.dirname(self.get_ext_fullpath(ext.name)), ext.name)
 
 
 class BuildPy(build_py):

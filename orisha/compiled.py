@@ -12,6 +12,10 @@ tree itself on ``sys.path``), where sources are edited; an installed wheel's
 module and sources come from one archive written by the installer, so there it
 is trusted as it is (``installed()``: a ``*.dist-info`` beside the package).
 The loop bodies' choice is ``orisha.loops.module``.
+
+The HTTP/2 frame layer is built the same way (``orisha/protocols/h2.py`` with
+``h2.pxd``, its stamp ``h2.sources``) and chosen by the same rule, each module
+on its own stamp (``COMPILED``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ CORE = os.path.join(PACKAGE, "core")
 CORE_MODULE = "orisha.core.connection"
 CORE_SOURCES = ("connection.py", "connection.pxd")  # what the extension is built from
 STAMP = os.path.join(CORE, "connection.sources")     # their sha256, written by setup.py
+H2_MODULE = "orisha.protocols.h2"
+# Every module compiled from its own .py: name → (folder, base name, what it is for the warning).
+COMPILED = {CORE_MODULE: (CORE, "connection", "core"),
+            H2_MODULE: (os.path.join(PACKAGE, "protocols"), "h2", "HTTP/2 layer")}
 
 
 def pure() -> bool:
@@ -33,22 +41,34 @@ def pure() -> bool:
     return os.environ.get("ORISHA_PURE", "") not in ("", "0")
 
 
-def sources_digest() -> str:
-    import hashlib  # only where a compiled core and its sources are both there
+def sources_digest(module: str = CORE_MODULE) -> str:
+    import hashlib  # only where a compiled module and its sources are both there
+    folder, base, _ = COMPILED[module]
     h = hashlib.sha256()
-    for name in CORE_SOURCES:
-        with open(os.path.join(CORE, name), "rb") as f:
+    for name in (base + ".py", base + ".pxd"):
+        with open(os.path.join(folder, name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()
 
 
-def compiled_core() -> str | None:
-    """The compiled core's file, if setup.py built one."""
+def stamp(module: str = CORE_MODULE) -> str:
+    folder, base, _ = COMPILED[module]
+    return os.path.join(folder, base + ".sources")
+
+
+def compiled_file(module: str) -> str | None:
+    """The extension module setup.py built from ``module``'s .py, if it did."""
+    folder, base, _ = COMPILED[module]
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(CORE, "connection" + suffix)
+        path = os.path.join(folder, base + suffix)
         if os.path.exists(path):
             return path
     return None
+
+
+def compiled_core() -> str | None:
+    """The compiled core's file, if setup.py built one."""
+    return compiled_file(CORE_MODULE)
 
 
 def installed() -> bool:
@@ -61,31 +81,37 @@ def installed() -> bool:
         return True
 
 
-def _stale() -> bool:
+def _stale(module: str = CORE_MODULE) -> bool:
     try:
-        with open(STAMP) as f:
-            return f.read().strip() != sources_digest()
+        with open(stamp(module)) as f:
+            return f.read().strip() != sources_digest(module)
     except OSError:
         return True
 
 
 class _PureCore:
-    """A meta-path finder that gives the .py for ``orisha.core.connection`` (when imported)."""
+    """A meta-path finder that gives the .py for the modules in ``sources`` (when imported)."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, sources: dict) -> None:
+        self.sources = sources
 
     def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_file_location(name, self.source) if name == CORE_MODULE else None
+        source = self.sources.get(name)
+        return importlib.util.spec_from_file_location(name, source) if source else None
 
 
 def choose() -> None:
-    source = os.path.join(CORE, "connection.py")
-    if compiled_core() is None or not os.path.exists(source):
-        return  # nothing compiled, or a frozen app that bundled only the compiled module
-    if not pure():
-        if installed() or not _stale():
-            return
-        print("orisha: the compiled core is older than orisha/core/connection.py; using the .py "
-              "(pip install -e . rebuilds it)", file=sys.stderr)
-    sys.meta_path.insert(0, _PureCore(source))
+    sources = {}
+    for module, (folder, base, what) in COMPILED.items():
+        source = os.path.join(folder, base + ".py")
+        if compiled_file(module) is None or not os.path.exists(source):
+            continue  # nothing compiled, or a frozen app that bundled only the compiled module
+        if not pure():
+            if installed() or not _stale(module):
+                continue
+            rel = os.path.relpath(source, os.path.dirname(PACKAGE))
+            print(f"orisha: the compiled {what} is older than {rel}; using the .py "
+                  "(pip install -e . rebuilds it)", file=sys.stderr)
+        sources[module] = source
+    if sources:
+        sys.meta_path.insert(0, _PureCore(sources))

@@ -23,10 +23,10 @@ from httpraw import Conn
 
 from orisha import loops
 
-from orisha.compiled import compiled_core
+from orisha.compiled import H2_MODULE, compiled_core, compiled_file
 
 BUILT = (all(importlib.util.find_spec(m) is not None for m in loops.COMPILED.values())
-         and compiled_core() is not None)
+         and compiled_core() is not None and compiled_file(H2_MODULE) is not None)
 needs_compiled = pytest.mark.skipif(not BUILT, reason="compiled loop bodies not built "
                                     "(pip install -e . with Cython and a C compiler)")
 
@@ -50,12 +50,13 @@ def test_compiled_body_is_loaded_and_orisha_pure_loads_the_py(loop):
 
 @needs_compiled
 def test_version_says_compiled_or_pure():
-    assert "epoll compiled" in orisha("--version").stdout
-    assert "core compiled" in orisha("--version").stdout
-    assert "tls compiled" in orisha("--version").stdout  # orisha/protocols/compiled_tls.pyx
+    version = orisha("--version").stdout
+    assert "epoll compiled" in version and "core compiled" in version
+    assert "tls compiled" in version  # orisha/protocols/compiled_tls.pyx
+    assert "h2 compiled" in version  # orisha/protocols/h2.py with h2.pxd
     r = orisha("--version", env={**os.environ, "ORISHA_PURE": "1"})
     assert "epoll pure" in r.stdout and "io-uring pure" in r.stdout and "core pure" in r.stdout
-    assert "tls pure" in r.stdout
+    assert "tls pure" in r.stdout and "h2 pure" in r.stdout
 
 
 def _core_file(env: dict | None = None, cwd: str = ROOT) -> tuple[str, str]:
@@ -255,3 +256,44 @@ def test_the_pure_targets_serve_with_no_compiled_module(tmp_path, loop):
         assert ("core/connection.cpython" in maps) == compiled
     finally:
         assert s.stop() == 0
+
+
+@needs_compiled
+@pytest.mark.parametrize("build", ["compiled", "pure"])
+def test_h2_is_served_by_the_compiled_layer_unless_orisha_pure(builds, build):
+    """h2.py compiled with h2.pxd is the module that answers HTTP/2 (the worker maps it, and
+    nothing else serves h2); under ORISHA_PURE=1 the .py does. Both answer curl's h2c."""
+    out = builds["notfound"]
+    env = {**os.environ, "ORISHA_PURE": "1"} if build == "pure" else None
+    s = Server(out, "--loop", "epoll", "--workers", "1", env=env)
+    try:
+        r = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-o", "/dev/null", "-w",
+                            "%{http_version} %{http_code}", f"http://127.0.0.1:{s.port}/"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout == "2 200", r.stderr
+        worker = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                text=True).stdout.split()[0]
+        maps = open(f"/proc/{worker}/maps").read()
+        assert ("protocols/h2.cpython" in maps) == (build == "compiled")
+        code = "import orisha.protocols.h2 as h; print(h.__file__)"
+        path = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=60).stdout.strip()
+        assert path == (compiled_file(H2_MODULE) if build == "compiled" else
+                        os.path.join(ROOT, "orisha", "protocols", "h2.py"))
+    finally:
+        assert s.stop() == 0
+
+
+@needs_compiled
+def test_an_edit_to_h2_py_after_the_build_runs_the_py(tmp_path):
+    """A stale compiled h2 (its stamp is not h2.py's and h2.pxd's digest) is not loaded."""
+    shutil.copytree(os.path.join(ROOT, "orisha"), tmp_path / "orisha",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.c"))
+    with open(tmp_path / "orisha" / "protocols" / "h2.pxd", "a") as f:
+        f.write("# an edit after the build\n")
+    r = subprocess.run([sys.executable, "-c", "import orisha.protocols.h2 as h; print(h.__file__)"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.stdout.strip() == str(tmp_path / "orisha" / "protocols" / "h2.py")
+    assert r.stderr == ("orisha: the compiled HTTP/2 layer is older than orisha/protocols/h2.py; "
+                        "using the .py (pip install -e . rebuilds it)\n")

@@ -1,0 +1,97 @@
+# Cython augmentation of h2.py (the source and the pure fallback): the same code compiled
+# with typed objects when setup.py builds it; nothing here changes behaviour. Attributes
+# stay ``public``: front.py, the TLS layers and tests read them. Module constants stay
+# Python objects (tests and unikernel/h2_tables.py read them).
+
+cimport cython
+
+# Frame types and flags as C integers (the dispatch in ``_process`` compares them per frame);
+# nothing outside reads them.
+cdef Py_ssize_t DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY
+cdef Py_ssize_t WINDOW_UPDATE, CONTINUATION, END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG
+
+
+cdef class _Block:
+    cdef public Py_ssize_t sid, end, size, kind
+    cdef public list frags
+
+
+cdef class _Stream:
+    cdef public Py_ssize_t sid, window, pos
+    cdef public object body
+    cdef public bint parked
+
+
+cdef class _Body:
+    cdef public Py_ssize_t length, got, window
+    cdef public object send  # None until the answer is all queued, then its send window
+
+
+cpdef bytes _frame(Py_ssize_t length, Py_ssize_t ftype, Py_ssize_t flags, Py_ssize_t sid)
+@cython.locals(second=Py_ssize_t)
+cpdef bytes _date_field(double now)
+cpdef Py_ssize_t _declared(head) except? -2
+
+
+cdef class H2Connection:
+    cdef public object app, peer, decoder, ready, resets
+    cdef public double since
+    cdef public bint refuse, should_close, shut_write, eof, settings_seen, closing, dead
+    cdef public bytes buf
+    cdef public list out
+    cdef public Py_ssize_t out_bytes, preface, window, initial, max_frame, recv_window, recv_used
+    cdef public Py_ssize_t last_id, calm
+    cdef public dict streams, remote_open, memo
+    cdef public _Block hdr
+
+    cpdef receive(self, bytes data, double now)
+    cpdef sent(self, Py_ssize_t n, double now)
+    @cython.locals(waited=double)
+    cpdef tick(self, double now)
+    cpdef shutdown(self, double now)
+    cpdef close(self)
+    cpdef _settle(self, double now)
+    cpdef _go_away(self, Py_ssize_t code)
+    cpdef _fail(self, Py_ssize_t code)
+    @cython.locals(st=_Stream)
+    cpdef _reset(self, Py_ssize_t sid, Py_ssize_t code)
+    cpdef bint _spend(self)
+    @cython.locals(buf=bytes, pos=Py_ssize_t, n=Py_ssize_t, end_of_buf=Py_ssize_t,
+                   length=Py_ssize_t, end=Py_ssize_t, ftype=Py_ssize_t, flags=Py_ssize_t,
+                   sid=Py_ssize_t, payload=bytes, out=list, frames=Py_ssize_t,
+                   frame_max=Py_ssize_t)
+    cpdef _process(self, double now)
+    cpdef _unpad(self, Py_ssize_t flags, bytes payload)
+    @cython.locals(size=Py_ssize_t, body=_Body)
+    cpdef _data(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    @cython.locals(self_dependent=bint, kind=Py_ssize_t)
+    cpdef _headers(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    @cython.locals(hdr=_Block)
+    cpdef _continuation(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    @cython.locals(hdr=_Block, sid=Py_ssize_t, end=Py_ssize_t, kind=Py_ssize_t, frags=list,
+                   block=bytes, declared=Py_ssize_t)
+    cpdef _end_headers(self, double now)
+    @cython.locals(body=_Body)
+    cpdef _trailers(self, Py_ssize_t sid, bytes block)
+    @cython.locals(memo=dict, pair=tuple)
+    cpdef _decode(self, bytes block)
+    cpdef _priority(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    @cython.locals(st=_Stream)
+    cpdef _rst_stream(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    @cython.locals(st=_Stream, i=Py_ssize_t, key=Py_ssize_t, value=Py_ssize_t, delta=Py_ssize_t)
+    cpdef _settings(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    cpdef _push_promise(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    cpdef _ping(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    cpdef _goaway(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    @cython.locals(inc=Py_ssize_t, st=_Stream, body=_Body)
+    cpdef _window_update(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
+    cpdef _request(self, Py_ssize_t sid, tuple decoded, double now)  # plan: a Plan (a NamedTuple)
+    @cython.locals(status=Py_ssize_t, stats=list, block=bytes, flags=Py_ssize_t, out=list,
+                   step=Py_ssize_t, i=Py_ssize_t, last=Py_ssize_t, st=_Stream)
+    cpdef _respond(self, Py_ssize_t sid, object plan, bytes line, double now, bytes request=*)
+    cpdef _early_hints(self, Py_ssize_t sid, bytes head)
+    @cython.locals(body=_Body)
+    cpdef _ended(self, Py_ssize_t sid, Py_ssize_t window)
+    @cython.locals(out=list, st=_Stream, left=Py_ssize_t, n=Py_ssize_t, pos=Py_ssize_t,
+                   done=bint)
+    cpdef _pump(self)
