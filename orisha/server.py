@@ -224,11 +224,8 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
                      watch=FileWatch([*_seq(tls_cert), *_seq(tls_key)]) if tls_cert else None,
                      acme=acme, udp=udp, quic=quic, alt_svc=alt_svc)
     sup.start()
-    line = _serving_line(socks[0].getsockname(), admin, name, workers, site,
-                         "https" if tls_on else "http")
-    if plain:
-        line += f" (and {_url(plain[0].getsockname())}/: redirects to https)"
-    announce(line)
+    announce(_serving_line(socks[0].getsockname(), admin, name, workers, site,
+                           "https" if tls_on else "http", plain))
     if udp:
         print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}"
               + (" (answered once ACME has a certificate)" if sup.quic is None else ""),
@@ -440,7 +437,11 @@ def _url(addr, scheme: str = "http") -> str:
     return f"{scheme}://{host}:{addr[1]}"
 
 
-def _serving_line(bound, admin, name: str, workers: int, site, scheme: str = "http") -> str:
+def _serving_line(bound, admin, name: str, workers: int, site, scheme: str = "http",
+                  plain=None) -> str:
     extra = f", admin {_url(admin.getsockname())}{METRICS_PATH}" if admin else ""
-    return (f"orisha: serving {_url(bound, scheme)}/ (loop {name}, {workers} "
+    line = (f"orisha: serving {_url(bound, scheme)}/ (loop {name}, {workers} "
             f"worker{'s' if workers > 1 else ''}, pid {os.getpid()}{extra}): {site.summary}")
+    if plain:  # the plain port beside the TLS one (--http-port)
+        line += f" (and {_url(plain[0].getsockname())}/: redirects to https)"
+    return line

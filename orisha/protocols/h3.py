@@ -306,6 +306,13 @@ class Endpoint:
         c = self.conns.get(header.destination_cid)
         if c is not None:
             return c
+        if self._elsewhere(header, data, addr, handed):
+            return None
+        return self._accept(header, data, addr, now)
+
+    def _elsewhere(self, header, data: bytes, addr, handed: bool) -> bool:
+        """Whether a datagram of no connection here is not a new client's: another worker's
+        (queued on ``forward``), the next generation's while stopping, or a stray."""
         kind = header.packet_type
         if kind is QuicPacketType.ONE_RTT or (kind is QuicPacketType.HANDSHAKE and header.version
                                               in self.config.supported_versions):
@@ -316,9 +323,9 @@ class Endpoint:
                 owner = steer.owner(header.destination_cid)
                 if owner != steer.tag:
                     self.forward.append((owner, data, addr))
-                    return None
+                    return True
             self.strays += 1
-            return None
+            return True
         steer = self.steer
         if steer is not None and (kind is QuicPacketType.INITIAL
                                   or kind is QuicPacketType.ZERO_RTT):
@@ -329,10 +336,15 @@ class Endpoint:
                 owner = steer.owner(header.destination_cid)
                 if owner != steer.tag and steer.lives(owner):
                     self.forward.append((owner, data, addr))
-                    return None
+                    return True
             if self.stopping:  # a reload's new clients: the next generation's
                 self.forward.append((steer.successor, data, addr))
-                return None
+                return True
+        return False
+
+    def _accept(self, header, data: bytes, addr, now: float) -> _Conn | None:
+        """A new connection for a client's first Initial, or None: answered here (version
+        negotiation, Retry) or dropped (too short, over the limits, stopping)."""
         if len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
             return None  # RFC 9000 §14.1: a client's first datagram is padded to 1200 bytes
         if header.version is not None and header.version not in self.config.supported_versions:
