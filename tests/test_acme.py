@@ -737,6 +737,12 @@ def _stored(state, before: float, after: float):
     return state
 
 
+def _still_served_on_the_stored_certificate(s):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the stored certificate
+    assert _get(s.port, ctx)[0].startswith(b"HTTP/1.1 200 OK")
+
+
 def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_path):
     """The supervisor out of file descriptors when a renewal is due (its socketpair fails
     with EMFILE, as a fork can with EAGAIN): one line, a retry, the site still served."""
@@ -754,9 +760,7 @@ def test_a_helper_that_cannot_be_made_is_one_line_and_a_retry(build, pki, tmp_pa
         assert "Too many open files" in line and "retrying in 5 s" in line, line
         assert s.proc.poll() is None, "".join(s.err)
         resource.prlimit(s.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the stored certificate
-        assert _get(s.port, ctx)[0].startswith(b"HTTP/1.1 200 OK")
+        _still_served_on_the_stored_certificate(s)
     finally:
         assert s.stop() == 0
     assert not any("Traceback" in line for line in s.err), "".join(s.err)
@@ -779,9 +783,7 @@ def test_challenges_that_cannot_be_served_fail_the_renewal_without_asking_the_ca
         with open(ca.config + ".log") as f:
             log = f.read()
         assert "validat" not in log.lower(), log[-2000:]  # Pebble logs every validation
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the stored certificate
-        assert _get(s.port, ctx)[0].startswith(b"HTTP/1.1 200 OK")
+        _still_served_on_the_stored_certificate(s)
     finally:
         assert s.stop() == 0
     assert not any("Traceback" in line for line in s.err), "".join(s.err)
