@@ -66,10 +66,10 @@ from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, H
     encode_frame
 from aioquic.h3.events import HeadersReceived
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import MAX_STREAM_DATA_FRAME_CAPACITY, QuicConnection
 from aioquic.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated, \
-    HandshakeCompleted
-from aioquic.quic.packet import QuicPacketType, encode_quic_retry, \
+    HandshakeCompleted, StreamDataReceived
+from aioquic.quic.packet import QuicFrameType, QuicPacketType, encode_quic_retry, \
     encode_quic_version_negotiation, pull_quic_header
 from aioquic.quic.retry import QuicRetryTokenHandler
 from aioquic.buffer import encode_uint_var
@@ -88,6 +88,18 @@ _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unackn
 _GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
 _GSO_SEGMENTS = 64         # …and within the kernel's UDP_MAX_SEGMENTS
 RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get a Retry
+# A stream's receive window: credit past the bytes delivered in order (``_Quic``). Requests
+# are a field section (the head limit, 8 KiB by default, bounds a useful one) and, for the
+# methods that carry one, a body that is answered without being read: 16 KiB is room for
+# either, and with at most 128 streams of each direction open (aioquic's MAX_STREAMS) it
+# bounds what a connection can make a worker hold for reassembly to 4 MiB.
+WINDOW = 16 * 1024
+# A frame the HTTP/3 layer must hold whole before it can parse it (HEADERS; SETTINGS on the
+# control stream) longer than this many times the head limit: H3_EXCESSIVE_LOAD (RFC 9114
+# §7.1, "an implementation MAY limit the maximum frame size"). Smaller ones that are over
+# the head limit still get their 431 (§4.2.2), as over HTTP/1.1 and HTTP/2.
+FRAME_HEADS = 4
+_WHOLE = (FrameType.HEADERS, FrameType.SETTINGS, FrameType.PUSH_PROMISE)
 _SECTIONS = Sections()
 _date = [-1, b""]  # (second, QPACK date field line)
 
@@ -102,7 +114,7 @@ class ServerConfiguration(QuicConfiguration):
 def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfiguration:
     """A server's QUIC configuration (one per worker generation: a reload reads the files)."""
     config = ServerConfiguration(is_client=False, alpn_protocols=H3_ALPN,
-                                 idle_timeout=idle_timeout)
+                                 idle_timeout=idle_timeout, max_stream_data=WINDOW)
     try:
         config.load_cert_chain(cert, key)
     except (OSError, ValueError) as e:  # unreadable, not PEM, or a key that does not match
@@ -145,6 +157,25 @@ class _Quic(QuicConnection):
         if self.steer is not None:  # before NEW_CONNECTION_ID frames announce them
             for c in self._host_cids[n:]:
                 c.cid = self.steer.cid(len(c.cid))
+
+    def _write_stream_limits(self, builder, space, stream) -> None:
+        """MAX_STREAM_DATA as credit: ``WINDOW`` past the bytes delivered in order, renewed
+        when half is used. aioquic's own doubles the window whenever the highest offset
+        seen passes half of it — gaps included, and a gap is allocated for reassembly — so
+        one byte per round trip at each window's edge made a worker allocate without end."""
+        if not stream.max_stream_data_local:  # a stream of ours that we only send on
+            return
+        credit = stream.receiver.starting_offset() + WINDOW
+        if credit - stream.max_stream_data_local >= WINDOW // 2:
+            stream.max_stream_data_local = credit
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
+                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                                      handler=self._on_max_stream_data_delivery,
+                                      handler_args=(stream,))
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)  # makes ``self.tls``, before any CRYPTO frame is read
@@ -413,6 +444,8 @@ class Endpoint:
                 for h in h3.handle_event(event):
                     if h.__class__ is HeadersReceived:
                         self._request(c, h, now)
+                if cls is StreamDataReceived:
+                    self._bounded(c, event.stream_id)
             event = quic.next_event()
         if c.pending:
             self._feed(c)
@@ -431,6 +464,19 @@ class Endpoint:
                 if len(heap) > 4 * len(self.live) + 1024:  # stale entries: keep it bounded
                     heap[:] = [e for e in heap if e[0] == e[2].timer]
                     heapq.heapify(heap)
+
+    def _bounded(self, c: _Conn, sid: int) -> None:
+        """H3_EXCESSIVE_LOAD for a stream whose HTTP/3 layer holds, or waits to hold, more
+        than ``FRAME_HEADS`` heads: a frame that is parsed whole (aioquic buffers one
+        without limit) or the bytes queued behind a field section QPACK-blocked."""
+        st = c.h3._stream.get(sid)
+        if st is None or c.h3._is_done:
+            return
+        most = FRAME_HEADS * c.app.limits.head
+        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size > most):
+            c.h3._is_done = True  # as aioquic's own protocol errors leave it
+            c.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
+                         reason_phrase="frame or buffered stream data too large")
 
     def _forget(self, c: _Conn) -> None:
         for cid in c.cids:
