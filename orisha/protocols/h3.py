@@ -12,8 +12,9 @@ for every protocol) gives the Plan, and the response goes onto the QUIC stream
 as written bytes — a HEADERS frame holding the build's QPACK field section for
 that head (``qpack_blocks.py``: no dynamic table, so the same bytes on every
 connection) plus one Date literal, then one DATA frame whose payload is the
-blob's bytes, fed to the stream as its buffer drains (at most ``_STREAM_AHEAD``
-bytes queued per stream, so a large body never sits in memory whole).
+blob's bytes — with the HEADERS in one write when the body is at most
+``_STREAM_AHEAD`` bytes, else fed to the stream as its buffer drains (at most
+``_STREAM_AHEAD`` bytes queued per stream, so a large body never sits in memory whole).
 ``H3Connection.send_headers`` is not used: it would encode every section anew.
 A 200 whose Link preloads is preceded on its stream by a 103 Early Hints
 (RFC 8297; an interim response, RFC 9114 §4.1), its HEADERS frame made once per
@@ -163,12 +164,15 @@ class _Quic(QuicConnection):
         when half is used. aioquic's own doubles the window whenever the highest offset
         seen passes half of it — gaps included, and a gap is allocated for reassembly — so
         one byte per round trip at each window's edge made a worker allocate without end."""
-        if not stream.max_stream_data_local:  # a stream of ours that we only send on
+        local = stream.max_stream_data_local
+        if not local:  # a stream of ours that we only send on
             return
-        credit = stream.receiver.starting_offset() + WINDOW
-        if credit - stream.max_stream_data_local >= WINDOW // 2:
-            stream.max_stream_data_local = credit
-        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+        receiver = stream.receiver
+        if not receiver.is_finished:  # (a request that has ended needs no more credit)
+            credit = receiver._buffer_start + WINDOW
+            if credit - local >= WINDOW // 2:
+                local = stream.max_stream_data_local = credit
+        if stream.max_stream_data_local_sent != local:
             buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
                                       capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
                                       handler=self._on_max_stream_data_delivery,
@@ -563,10 +567,14 @@ class Endpoint:
         if not body:
             c.quic.send_stream_data(sid, frames, True)
             return
-        view = body.view if body.__class__ is FileRegion else memoryview(body)
-        c.quic.send_stream_data(sid, frames + encode_uint_var(FrameType.DATA)
-                                + encode_uint_var(len(view)))
-        c.pending[sid] = [view, 0]
+        size = len(body)
+        frames += encode_uint_var(FrameType.DATA) + encode_uint_var(size)
+        if size <= _STREAM_AHEAD:  # the common case: the whole response in one write
+            c.quic.send_stream_data(sid, frames + (body.view if body.__class__ is FileRegion
+                                                   else body), True)
+            return
+        c.quic.send_stream_data(sid, frames)
+        c.pending[sid] = [body.view if body.__class__ is FileRegion else memoryview(body), 0]
 
     def _feed(self, c: _Conn) -> None:
         """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""
