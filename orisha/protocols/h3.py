@@ -12,8 +12,9 @@ for every protocol) gives the Plan, and the response goes onto the QUIC stream
 as written bytes — a HEADERS frame holding the build's QPACK field section for
 that head (``qpack_blocks.py``: no dynamic table, so the same bytes on every
 connection) plus one Date literal, then one DATA frame whose payload is the
-blob's bytes, fed to the stream as its buffer drains (at most ``_STREAM_AHEAD``
-bytes queued per stream, so a large body never sits in memory whole).
+blob's bytes — with the HEADERS in one write when the body is at most
+``_STREAM_AHEAD`` bytes, else fed to the stream as its buffer drains (at most
+``_STREAM_AHEAD`` bytes queued per stream, so a large body never sits in memory whole).
 ``H3Connection.send_headers`` is not used: it would encode every section anew.
 A 200 whose Link preloads is preceded on its stream by a 103 Early Hints
 (RFC 8297; an interim response, RFC 9114 §4.1), its HEADERS frame made once per
@@ -61,15 +62,18 @@ import os
 import sys
 from typing import Callable
 
+import re
+
+import aioquic.h3.connection as _h3_module
 from aioquic.buffer import Buffer, BufferReadError
-from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, H3Connection, HeadersState, \
-    encode_frame
+from aioquic.h3.connection import CONNECTION_SPECIFIC_HEADERS, H3_ALPN, ErrorCode, FrameType, \
+    H3Connection, HeadersState, MessageError, encode_frame
 from aioquic.h3.events import HeadersReceived
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import MAX_STREAM_DATA_FRAME_CAPACITY, QuicConnection
 from aioquic.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated, \
-    HandshakeCompleted
-from aioquic.quic.packet import QuicPacketType, encode_quic_retry, \
+    HandshakeCompleted, StreamDataReceived
+from aioquic.quic.packet import QuicFrameType, QuicPacketType, encode_quic_retry, \
     encode_quic_version_negotiation, pull_quic_header
 from aioquic.quic.retry import QuicRetryTokenHandler
 from aioquic.buffer import encode_uint_var
@@ -88,6 +92,18 @@ _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unackn
 _GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
 _GSO_SEGMENTS = 64         # …and within the kernel's UDP_MAX_SEGMENTS
 RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get a Retry
+# A stream's receive window: credit past the bytes delivered in order (``_Quic``). Requests
+# are a field section (the head limit, 8 KiB by default, bounds a useful one) and, for the
+# methods that carry one, a body that is answered without being read: 16 KiB is room for
+# either, and with at most 128 streams of each direction open (aioquic's MAX_STREAMS) it
+# bounds what a connection can make a worker hold for reassembly to 4 MiB.
+WINDOW = 16 * 1024
+# A frame the HTTP/3 layer must hold whole before it can parse it (HEADERS; SETTINGS on the
+# control stream) longer than this many times the head limit: H3_EXCESSIVE_LOAD (RFC 9114
+# §7.1, "an implementation MAY limit the maximum frame size"). Smaller ones that are over
+# the head limit still get their 431 (§4.2.2), as over HTTP/1.1 and HTTP/2.
+FRAME_HEADS = 4
+_WHOLE = (FrameType.HEADERS, FrameType.SETTINGS, FrameType.PUSH_PROMISE)
 _SECTIONS = Sections()
 _date = [-1, b""]  # (second, QPACK date field line)
 
@@ -102,7 +118,7 @@ class ServerConfiguration(QuicConfiguration):
 def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfiguration:
     """A server's QUIC configuration (one per worker generation: a reload reads the files)."""
     config = ServerConfiguration(is_client=False, alpn_protocols=H3_ALPN,
-                                 idle_timeout=idle_timeout)
+                                 idle_timeout=idle_timeout, max_stream_data=WINDOW)
     try:
         config.load_cert_chain(cert, key)
     except (OSError, ValueError) as e:  # unreadable, not PEM, or a key that does not match
@@ -146,6 +162,28 @@ class _Quic(QuicConnection):
             for c in self._host_cids[n:]:
                 c.cid = self.steer.cid(len(c.cid))
 
+    def _write_stream_limits(self, builder, space, stream) -> None:
+        """MAX_STREAM_DATA as credit: ``WINDOW`` past the bytes delivered in order, renewed
+        when half is used. aioquic's own doubles the window whenever the highest offset
+        seen passes half of it — gaps included, and a gap is allocated for reassembly — so
+        one byte per round trip at each window's edge made a worker allocate without end."""
+        local = stream.max_stream_data_local
+        if not local:  # a stream of ours that we only send on
+            return
+        receiver = stream.receiver
+        if not receiver.is_finished:  # (a request that has ended needs no more credit)
+            credit = receiver._buffer_start + WINDOW
+            if credit - local >= WINDOW // 2:
+                local = stream.max_stream_data_local = credit
+        if stream.max_stream_data_local_sent != local:
+            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
+                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                                      handler=self._on_max_stream_data_delivery,
+                                      handler_args=(stream,))
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)  # makes ``self.tls``, before any CRYPTO frame is read
         tls, quic = self.tls, self
@@ -165,6 +203,51 @@ class _Quic(QuicConnection):
                 tls.certificate, tls.certificate_chain, tls.certificate_private_key = chosen
             handle(input_buf, initial_buf, handshake_buf)
         tls._server_handle_hello = hello
+
+
+_BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]|.:")  # RFC 9114 §4.2, RFC 9113 §8.2.1
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
+_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
+_NEEDED = frozenset((b":method", b":authority"))
+
+
+def validate_request(headers, stream=None) -> None:
+    """aioquic's ``validate_request_headers`` with the same verdicts (a test compares
+    them), its per-byte loops over every name and value replaced by two regular
+    expressions: those loops were about 5% of a worker's CPU per request. Installed in
+    aioquic's module below (it calls the function by its global name); only a server's
+    H3Connection calls it, for the requests it receives."""
+    after = False
+    seen = set()
+    for key, value in headers:
+        if _BAD_NAME.search(key) or _BAD_VALUE.search(value):
+            raise MessageError(f"Header {key!r} or its value has invalid characters")
+        if key[:1] == b":":
+            if after or key not in _PSEUDO or key in seen:
+                raise MessageError(f"Pseudo-header {key!r} is out of place, unknown or twice")
+            seen.add(key)
+            continue
+        after = True
+        if key == b"content-length":
+            try:
+                n = int(value)
+                if n < 0:
+                    raise ValueError
+            except ValueError:
+                raise MessageError("content-length is not a non-negative integer") from None
+            if stream:
+                stream.expected_content_length = n
+        elif key == b"te":
+            if value.lower() != b"trailers":
+                raise MessageError(f"Header {key!r} value is not trailers")
+        elif key in CONNECTION_SPECIFIC_HEADERS:
+            raise MessageError(f"Header {key!r} is connection-specific")
+    if not _NEEDED <= seen:
+        raise MessageError(f"Pseudo-headers {sorted(_NEEDED - seen)} are missing")
+
+
+AIOQUIC_VALIDATE_REQUEST = _h3_module.validate_request_headers
+_h3_module.validate_request_headers = validate_request
 
 
 def _date_field(now: float) -> bytes:
@@ -413,6 +496,10 @@ class Endpoint:
                 for h in h3.handle_event(event):
                     if h.__class__ is HeadersReceived:
                         self._request(c, h, now)
+                if cls is StreamDataReceived:
+                    st = h3._stream.get(event.stream_id)
+                    if st is not None and (st.buffer or st.frame_size is not None):
+                        self._bounded(c, st)  # a frame is still coming
             event = quic.next_event()
         if c.pending:
             self._feed(c)
@@ -431,6 +518,19 @@ class Endpoint:
                 if len(heap) > 4 * len(self.live) + 1024:  # stale entries: keep it bounded
                     heap[:] = [e for e in heap if e[0] == e[2].timer]
                     heapq.heapify(heap)
+
+    def _bounded(self, c: _Conn, st) -> None:
+        """H3_EXCESSIVE_LOAD for a stream (aioquic's ``H3Stream``) whose HTTP/3 layer
+        holds, or waits to hold, more than ``FRAME_HEADS`` heads: a frame that is parsed
+        whole (aioquic buffers one without limit) or the bytes queued behind a field
+        section QPACK-blocked."""
+        if c.h3._is_done:
+            return
+        most = FRAME_HEADS * c.app.limits.head
+        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size > most):
+            c.h3._is_done = True  # as aioquic's own protocol errors leave it
+            c.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
+                         reason_phrase="frame or buffered stream data too large")
 
     def _forget(self, c: _Conn) -> None:
         for cid in c.cids:
@@ -517,10 +617,14 @@ class Endpoint:
         if not body:
             c.quic.send_stream_data(sid, frames, True)
             return
-        view = body.view if body.__class__ is FileRegion else memoryview(body)
-        c.quic.send_stream_data(sid, frames + encode_uint_var(FrameType.DATA)
-                                + encode_uint_var(len(view)))
-        c.pending[sid] = [view, 0]
+        size = len(body)
+        frames += encode_uint_var(FrameType.DATA) + encode_uint_var(size)
+        if size <= _STREAM_AHEAD:  # the common case: the whole response in one write
+            c.quic.send_stream_data(sid, frames + (body.view if body.__class__ is FileRegion
+                                                   else body), True)
+            return
+        c.quic.send_stream_data(sid, frames)
+        c.pending[sid] = [body.view if body.__class__ is FileRegion else memoryview(body), 0]
 
     def _feed(self, c: _Conn) -> None:
         """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""

@@ -1,0 +1,456 @@
+"""HTTP/3 stream and flow-control abuse (issue 22, item 4): each case ends with the error
+RFC 9000 / RFC 9114 names, read from the abusive client's own ConnectionTerminated (the
+server's CONNECTION_CLOSE on the wire), the worker's memory bounded (VmRSS from /proc
+before and after a bounded flood) and the worker answering a well-behaved client after.
+
+The abusive client is aioquic's ``QuicConnection`` driven over a real loopback UDP socket by
+``_Raw``: after the handshake it writes stream bytes itself (HTTP/3 frames made by hand),
+and where a case needs what a conforming client cannot send — a stream past MAX_STREAMS, a
+byte past the flow-control window — it lifts its own view of the server's limits first, so
+the frames go out as an attacker's would.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, StreamType
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted
+from aioquic.quic.packet import QuicErrorCode
+
+from conftest import TEST_LIMITS
+from test_h3 import _children, h3_get
+from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
+
+_servers: list = []
+
+
+@pytest.fixture(scope="module")
+def server(builds, pki):
+    """One single-worker server for the module (its one worker's RSS is the one measured)."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _worker(s) -> int:
+    kids = _children(s.proc.pid)
+    assert len(kids) == 1, kids
+    return int(kids[0])
+
+
+def _rss(pid: int) -> int:
+    """The worker's resident set, bytes (VmRSS of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return encode_uint_var(kind) + encode_uint_var(len(payload)) + payload
+
+
+_GET = None  # a request's HEADERS frame, made once by aioquic's own encoder (_headers_frame)
+
+
+def _headers_frame() -> bytes:
+    """HEADERS of GET / (literals only, no dynamic table: pylsqpack with capacity 0)."""
+    global _GET
+    if _GET is None:
+        import pylsqpack
+        _, section = pylsqpack.Encoder().encode(0, [
+            (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
+            (b":path", b"/")])
+        _GET = _frame(FrameType.HEADERS, section)
+    return _GET
+
+
+class _Raw:
+    """An HTTP/3 client that writes its streams' bytes itself, over a real UDP socket."""
+
+    def __init__(self, port: int, ca: str, settings: bool = True) -> None:
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                   server_name="localhost", idle_timeout=30)
+        config.load_verify_locations(ca)
+        self.quic = QuicConnection(configuration=config)
+        self.addr = ("127.0.0.1", port)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.connect(self.addr)
+        self.closed: ConnectionTerminated | None = None
+        self.data: dict[int, bytearray] = {}  # stream → bytes the server sent on it
+        self.ended: set[int] = set()
+        self.quic.connect(self.addr, time.time())
+        self.run(lambda: self.handshaken, 10)
+        if settings:  # the control stream with an empty SETTINGS (RFC 9114 §6.2.1)
+            self.uni(StreamType.CONTROL, _frame(FrameType.SETTINGS, b""))
+
+    handshaken = False
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def uni(self, kind: int, data: bytes = b"") -> int:
+        sid = self.quic.get_next_available_stream_id(is_unidirectional=True)
+        self.quic.send_stream_data(sid, encode_uint_var(kind) + data)
+        return sid
+
+    def flush(self) -> None:
+        for data, _ in self.quic.datagrams_to_send(time.time()):
+            try:
+                self.sock.send(data)
+            except BlockingIOError:  # loopback buffer full: lost, QUIC retransmits
+                pass
+
+    def run(self, done, seconds: float) -> None:
+        """Move datagrams both ways until ``done()`` or the connection ended (or fail)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.flush()
+            self._events()
+            if done() or self.closed is not None:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out")
+            t = self.quic.get_timer()
+            wait = 0.05 if t is None else max(0.0, min(0.05, t - time.time()))
+            self.sock.settimeout(wait)
+            try:
+                while True:
+                    d = self.sock.recv(65536)
+                    self.quic.receive_datagram(d, self.addr, time.time())
+                    self.sock.settimeout(0)
+            except (TimeoutError, BlockingIOError):  # nothing (more) to read this turn
+                pass
+            except ConnectionRefusedError:  # the server's port is gone
+                raise AssertionError("the server's UDP port refused") from None
+            t = self.quic.get_timer()
+            if t is not None and time.time() >= t:
+                self.quic.handle_timer(time.time())
+
+    def _events(self) -> None:
+        e = self.quic.next_event()
+        while e is not None:
+            if isinstance(e, HandshakeCompleted):
+                self.handshaken = True
+            elif isinstance(e, ConnectionTerminated):
+                self.closed = e
+            elif hasattr(e, "data") and hasattr(e, "stream_id"):
+                self.data.setdefault(e.stream_id, bytearray()).extend(e.data)
+                if e.end_stream:
+                    self.ended.add(e.stream_id)
+            e = self.quic.next_event()
+
+    def until_closed(self, seconds: float = 10) -> ConnectionTerminated:
+        deadline = time.monotonic() + seconds
+        while self.closed is None and time.monotonic() < deadline:
+            self.run(lambda: self.closed is not None, seconds)
+        assert self.closed is not None, "the server did not close the connection"
+        return self.closed
+
+
+def _answers(s, pki) -> None:
+    """A well-behaved client on a fresh connection still gets its page."""
+    assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+
+
+def test_a_stream_past_max_streams_is_stream_limit_error(server, pki):
+    """RFC 9000 §4.6: a client that opens more bidirectional streams than the server's
+    MAX_STREAMS allowed (aioquic's 128) gets STREAM_LIMIT_ERROR."""
+    c = _Raw(server.port, pki.ca)
+    try:
+        allowed = c.quic._remote_max_streams_bidi
+        assert allowed == 128
+        c.quic._remote_max_streams_bidi = 1 << 20  # ignore the server's limit
+        sid = 4 * allowed  # the (allowed + 1)th client stream
+        c.quic.send_stream_data(sid, _headers_frame(), True)
+        closed = c.until_closed()
+        assert closed.error_code == QuicErrorCode.STREAM_LIMIT_ERROR, closed
+    finally:
+        c.close()
+    _answers(server, pki)
+
+
+def _past_window(c: _Raw, sid: int, offset: int) -> None:
+    """One byte at ``offset`` of stream ``sid``, whatever window the server gave."""
+    q = c.quic
+    q._remote_max_data = 1 << 40
+    stream = q._get_or_create_stream_for_send(sid)
+    stream.max_stream_data_remote = 1 << 40
+    sender = stream.sender
+    sender._buffer_start = sender._buffer_stop = offset  # as if the bytes before were acked
+    sender.write(b"x")
+
+
+def test_stream_data_past_the_window_is_flow_control_error(server, pki):
+    """RFC 9000 §4.1: a byte past the stream's flow-control window is FLOW_CONTROL_ERROR."""
+    c = _Raw(server.port, pki.ca)
+    try:
+        sid = c.quic.get_next_available_stream_id()
+        window = c.quic._remote_max_stream_data_bidi_remote
+        _past_window(c, sid, window)
+        closed = c.until_closed()
+        assert closed.error_code == QuicErrorCode.FLOW_CONTROL_ERROR, closed
+    finally:
+        c.close()
+    _answers(server, pki)
+
+
+def _edge(c: _Raw, sid: int) -> int:
+    """One byte at the last offset the server allows on ``sid`` now (its stream window and
+    what is left of the connection's), the bytes before it never sent: the offset."""
+    q = c.quic
+    stream = q._get_or_create_stream_for_send(sid)
+    sender = stream.sender
+    room = q._remote_max_data - q._remote_max_data_used  # the client counts gaps as used
+    offset = min(stream.max_stream_data_remote, sender.highest_offset + room) - 1
+    if offset < sender._buffer_stop:
+        return -1
+    sender._buffer_start = sender._buffer_stop = offset  # as if the bytes before were acked
+    sender.write(b"x")
+    return offset
+
+
+def test_bytes_at_each_window_edge_do_not_grow_the_windows(server, pki):
+    """A client that sends one byte at the edge of each window the server grants, leaving
+    the rest a gap, must not make it grant more: aioquic doubled a stream's window whenever
+    the highest offset seen passed half of it, gaps included (and allocated each gap for
+    reassembly), and the connection's likewise, so one datagram per stream made a worker
+    allocate a megabyte. The stream window is credit over what was delivered in order; the
+    byte past it is FLOW_CONTROL_ERROR, and the worker's memory stays put."""
+    worker = _worker(server)
+    before = _rss(worker)
+    c = _Raw(server.port, pki.ca)
+    try:
+        sids = []
+        for _ in range(48):  # 48 MiB of gaps with aioquic's windows; well under MAX_STREAMS
+            sid = c.quic.get_next_available_stream_id()
+            sids.append(sid)
+            _edge(c, sid)
+            _edge(c, sid)  # once more, past a window the first might have grown
+            _settle(c, 0.05)
+        assert c.closed is None, c.closed
+        windows = {c.quic._streams[sid].max_stream_data_remote for sid in sids}
+        assert max(windows) <= 64 * 1024, windows
+        grown = _rss(worker) - before
+        _past_window(c, sids[0], c.quic._streams[sids[0]].max_stream_data_remote)
+        closed = c.until_closed()
+        assert closed.error_code == QuicErrorCode.FLOW_CONTROL_ERROR, closed
+    finally:
+        c.close()
+    assert grown < 16 << 20, grown
+    _answers(server, pki)
+
+
+def _settle(c: _Raw, seconds: float) -> None:
+    """Exchange datagrams for ``seconds`` (or until the connection ends)."""
+    end = time.monotonic() + seconds
+    c.run(lambda: time.monotonic() > end, seconds + 5)
+
+
+def _started(c: _Raw, sid: int, declared: int, sent: int) -> None:
+    """A HEADERS frame of ``declared`` bytes on ``sid`` of which ``sent`` are sent."""
+    c.quic.send_stream_data(sid, encode_uint_var(FrameType.HEADERS) + encode_uint_var(declared)
+                            + b"\0" * sent)
+
+
+def test_many_streams_whose_headers_never_finish_are_bounded(server, pki):
+    """Four connections each open 100 request streams and send most of a HEADERS frame on
+    each, never the rest: what the worker holds is bounded by the streams it allows and
+    the frame size it accepts, and it answers a new client meanwhile."""
+    worker = _worker(server)
+    before = _rss(worker)
+    clients = [_Raw(server.port, pki.ca) for _ in range(4)]
+    try:
+        for c in clients:
+            for _ in range(100):
+                _started(c, c.quic.get_next_available_stream_id(), 8000, 7000)
+            _settle(c, 0.2)
+        for _ in range(2):  # until every stream's bytes are delivered (windows renewed)
+            for c in clients:
+                _settle(c, 0.2)
+        assert all(c.closed is None for c in clients)
+        _answers(server, pki)
+        grown = _rss(worker) - before
+    finally:
+        for c in clients:
+            c.close()
+    assert grown < 24 << 20, grown
+
+
+def test_a_headers_frame_over_the_frame_limit_is_excessive_load(server, pki):
+    """A HEADERS frame declaring a gigabyte, its bytes streamed: aioquic would buffer all
+    of them waiting for the end; past FRAME_HEADS heads it is H3_EXCESSIVE_LOAD."""
+    from orisha.protocols.h3 import FRAME_HEADS
+    worker = _worker(server)
+    before = _rss(worker)
+    c = _Raw(server.port, pki.ca)
+    try:
+        sid = c.quic.get_next_available_stream_id()
+        _started(c, sid, 1 << 30, 0)
+        for _ in range(40):  # 40 × 16 KiB: over FRAME_HEADS × the 8 KiB head limit
+            if c.closed is not None:
+                break
+            c.quic.send_stream_data(sid, b"\0" * 16384)
+            _settle(c, 0.05)
+        closed = c.until_closed()
+        assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
+        sent = c.quic._streams[sid].sender.highest_offset if sid in c.quic._streams else 0
+        assert sent <= (FRAME_HEADS + 1) * 8192 + 16384, sent
+    finally:
+        c.close()
+    assert _rss(worker) - before < 16 << 20
+    _answers(server, pki)
+
+
+def test_a_settings_frame_over_the_frame_limit_is_excessive_load(server, pki):
+    """The control stream's SETTINGS is parsed whole too: a second client control stream
+    is not needed — the first one's SETTINGS declaring a gigabyte, its bytes streamed."""
+    c = _Raw(server.port, pki.ca, settings=False)
+    try:
+        sid = c.uni(StreamType.CONTROL, encode_uint_var(FrameType.SETTINGS)
+                    + encode_uint_var(1 << 30))
+        for _ in range(40):
+            if c.closed is not None:
+                break
+            c.quic.send_stream_data(sid, b"\0" * 16384)
+            _settle(c, 0.05)
+        closed = c.until_closed()
+        assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
+    finally:
+        c.close()
+    _answers(server, pki)
+
+
+def test_streams_reset_in_a_loop_are_freed(server, pki):
+    """A client that opens a request stream, starts its HEADERS and resets it, 600 times on
+    one connection: every stream is freed (MAX_STREAMS keeps granting new ones — 128 at a
+    time — which it would not if the worker kept them), the worker's memory stays put, and
+    the connection then gets an answer on a request it finishes."""
+    worker = _worker(server)
+    before = _rss(worker)
+    c = _Raw(server.port, pki.ca)
+    try:
+        opened = 0
+        deadline = time.monotonic() + 20
+        while opened < 600 and time.monotonic() < deadline:
+            q = c.quic
+            sid = q.get_next_available_stream_id()
+            if sid // 4 >= q._remote_max_streams_bidi:  # wait for MAX_STREAMS
+                c.run(lambda: sid // 4 < c.quic._remote_max_streams_bidi, 5)
+                continue
+            _started(c, sid, 100, 10)
+            q.reset_stream(sid, ErrorCode.H3_REQUEST_CANCELLED)
+            opened += 1
+            if opened % 32 == 0:
+                _settle(c, 0.02)
+        assert opened == 600 and c.closed is None, (opened, c.closed)
+        sid = c.quic.get_next_available_stream_id()
+        c.run(lambda: sid // 4 < c.quic._remote_max_streams_bidi, 5)
+        c.quic.send_stream_data(sid, _headers_frame(), True)
+        c.run(lambda: sid in c.ended, 10)
+        assert bytes(c.data[sid][:1]) == encode_uint_var(FrameType.HEADERS), c.data.get(sid)
+    finally:
+        c.close()
+    assert _rss(worker) - before < 16 << 20
+    _answers(server, pki)
+
+
+def test_unknown_unidirectional_streams_are_discarded(server, pki):
+    """RFC 9114 §6.2: streams of unknown (reserved, §6.2.3) types are read and discarded —
+    200 of them with 4 KiB each, more than MAX_STREAMS allows at once, so each must be
+    freed — and the connection then answers a request."""
+    worker = _worker(server)
+    before = _rss(worker)
+    c = _Raw(server.port, pki.ca)
+    try:
+        for i in range(200):
+            q = c.quic
+            sid = q.get_next_available_stream_id(is_unidirectional=True)
+            if sid // 4 >= q._remote_max_streams_uni:
+                c.run(lambda: sid // 4 < c.quic._remote_max_streams_uni, 5)
+            kind = 0x1F * (i + 1) + 0x21  # reserved stream types: 0x1f * N + 0x21
+            q.send_stream_data(sid, encode_uint_var(kind) + os.urandom(4096), True)
+            if i % 16 == 0:
+                _settle(c, 0.02)
+        _settle(c, 0.2)
+        assert c.closed is None, c.closed
+        sid = c.quic.get_next_available_stream_id()
+        c.quic.send_stream_data(sid, _headers_frame(), True)
+        c.run(lambda: sid in c.ended, 10)
+        assert bytes(c.data[sid][:1]) == encode_uint_var(FrameType.HEADERS)
+    finally:
+        c.close()
+    assert _rss(worker) - before < 16 << 20
+    _answers(server, pki)
+
+
+def test_a_second_control_stream_is_stream_creation_error(server, pki):
+    """RFC 9114 §6.2.1: only one control stream; a second is H3_STREAM_CREATION_ERROR."""
+    c = _Raw(server.port, pki.ca)
+    try:
+        c.uni(StreamType.CONTROL, _frame(FrameType.SETTINGS, b""))
+        closed = c.until_closed()
+        assert closed.error_code == ErrorCode.H3_STREAM_CREATION_ERROR, closed
+    finally:
+        c.close()
+    _answers(server, pki)
+
+
+def test_data_before_headers_is_frame_unexpected(server, pki):
+    """RFC 9114 §4.1: a request stream starts with HEADERS; DATA first is
+    H3_FRAME_UNEXPECTED."""
+    c = _Raw(server.port, pki.ca)
+    try:
+        sid = c.quic.get_next_available_stream_id()
+        c.quic.send_stream_data(sid, _frame(FrameType.DATA, b"hello") + _headers_frame(), True)
+        closed = c.until_closed()
+        assert closed.error_code == ErrorCode.H3_FRAME_UNEXPECTED, closed
+    finally:
+        c.close()
+    _answers(server, pki)
+
+
+_names = st.one_of(st.sampled_from([b":method", b":scheme", b":authority", b":path", b":protocol",
+                                    b":status", b"te", b"content-length", b"connection", b"host",
+                                    b"x-a", b"X-a", b"a:b", b"", b"a b", b"\xff"]),
+                   st.binary(max_size=6))
+_values = st.one_of(st.sampled_from([b"GET", b"trailers", b"TrailerS", b"gzip", b"12", b"-1",
+                                     b"1_0", b" x", b"x ", b"\t", b"a\rb", b"", b"x\x00"]),
+                    st.binary(max_size=6))
+
+
+_PSEUDOS = [(b":method", b"GET"), (b":authority", b"localhost"), (b":scheme", b"https"),
+            (b":path", b"/")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.booleans(), st.lists(st.tuples(_names, _values), max_size=6))
+def test_the_fast_request_check_judges_as_aioquics(valid_start, fields):
+    """h3.validate_request (installed in aioquic's HTTP/3 layer) rejects exactly the
+    header lists aioquic's own validate_request_headers rejects, and notes the same
+    content-length (most lists start as a valid request, so the rest is what decides)."""
+    headers = (_PSEUDOS if valid_start else []) + fields
+    from aioquic.h3.connection import H3Stream, MessageError
+    from orisha.protocols.h3 import AIOQUIC_VALIDATE_REQUEST, validate_request
+    verdicts = []
+    for check in (AIOQUIC_VALIDATE_REQUEST, validate_request):
+        stream = H3Stream(0)
+        try:
+            check(headers, stream)
+            verdicts.append(("ok", stream.expected_content_length))
+        except MessageError:
+            verdicts.append(("rejected", None))
+    assert verdicts[0] == verdicts[1], (headers, verdicts)
