@@ -176,10 +176,15 @@ def pod_constraints() -> tuple[str, list[str]]:
     return f"{sec['runAsUser']}:{sec['runAsGroup']}", opts
 
 
-def namespace_processes(container: str) -> list[tuple[int, int, str, str]]:
-    """(host pid, host ppid, state, command line) of every process in the container's PID
-    namespace, zombies included (``docker top`` reads the cgroup, which a zombie has left)."""
-    init = json.loads(docker("inspect", container).stdout)[0]["State"]["Pid"]
+def init_pid(container: str) -> int:
+    """The host pid of the container's PID 1."""
+    return json.loads(docker("inspect", container).stdout)[0]["State"]["Pid"]
+
+
+def namespace_processes(init: int) -> list[tuple[int, int, str, str]]:
+    """(host pid, host ppid, state, command line) of every process in the PID namespace whose
+    PID 1 is host pid ``init``, zombies included (``docker top`` reads the cgroup, which a
+    zombie has left)."""
     ns = os.readlink(f"/proc/{init}/ns/pid")
     found = []
     for name in os.listdir("/proc"):

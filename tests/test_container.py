@@ -313,33 +313,44 @@ def test_killed_health_checks_leave_no_zombie_and_a_stopped_server_is_unhealthy(
     launcher → PyInstaller's → Python) killed mid-way left one zombie each under staticx's
     launcher as PID 1 (139 were seen). /init reaps them. A stopped server turns the container
     unhealthy, Docker killing each /init --health at its timeout, with nothing left behind."""
-    from container_target import namespace_processes
+    from container_target import init_pid, namespace_processes
     from test_supervisor import wait_for
     _, tag = demo
-    (init, *server) = namespace_processes(pod.container)
-    assert init[3] == "/init /orisha" and server, namespace_processes(pod.container)
+    pid1 = init_pid(pod.container)
+    (init, *server) = namespace_processes(pid1)
+    assert init[3] == "/init /orisha" and server, namespace_processes(pid1)
 
     def stray():  # zombies, and processes that are not the server's
-        return [p for p in namespace_processes(pod.container)
+        return [p for p in namespace_processes(pid1)
                 if p[2] == "Z" or p[0] not in {init[0], *(s[0] for s in server)}]
+
+    def launched():  # staticx's launcher of a check, once it has started PyInstaller's
+        procs = namespace_processes(pid1)
+        parents = {q[1] for q in procs if q[2] != "Z"}
+        return next((p for p, _, state, cmd in procs if cmd.startswith("/orisha --health")
+                     and state != "Z" and p in parents), None)
 
     url = f"http://127.0.0.1:{_admin_port(tag)}/readyz"
     r = docker("exec", pod.container, "/orisha", "--health", url, check=False)  # the old probe
     assert r.returncode == 0 and r.stdout.strip().endswith("/readyz: 200 OK"), r
     # Each one killed leaks staticx's unpacked copy in /tmp (~20 MB of the pod's 128 MB
     # tmpfs, where a fourth would no longer unpack): one more reason it is no HEALTHCHECK.
-    for _ in range(3):
+    killed = 0
+    for _ in range(6):  # 3 kills; a check that ends before it is caught is run again
         client = subprocess.Popen(["docker", "exec", pod.container, "/orisha", "--health", url],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            def launched():  # staticx's launcher, once it has started PyInstaller's
-                return [p for p, _, _, cmd in namespace_processes(pod.container)
-                        if cmd.startswith("/orisha --health")
-                        and any(q[1] == p for q in namespace_processes(pod.container))]
-            assert wait_for(launched, 30, 0.01), namespace_processes(pod.container)
-            os.kill(launched()[0], 9)  # what Docker does to a check past its timeout
+            deadline, target = time.monotonic() + 30, None
+            while target is None and client.poll() is None and time.monotonic() < deadline:
+                target = launched()
+            if target is not None:
+                os.kill(target, 9)  # what Docker does to a check past its timeout
+                killed += 1
         finally:
             client.wait(30)
+        if killed == 3:
+            break
+    assert killed == 3
     assert wait_for(lambda: not stray(), 30, 0.1), stray()  # orphans ended and were reaped
 
     tmp = f"/proc/{init[0]}/root/tmp"
