@@ -241,11 +241,10 @@ def test_image_size_goal_and_start_up_figures(demo):
     build_bytes = sum(os.path.getsize(f"{out}/{n}") for n in ("site.py", "site.blob", "manifest.json"))
     image = json.loads(docker("image", "inspect", tag).stdout)[0]["Size"]
     assert image <= build_bytes + 20_000_000, (image, build_bytes)
-    times = []
-    for _ in range(3):
-        c = Container(tag, [])
-        times.append(c.startup)
-        times.append(c.stop())
+    # One round: the README's figures come from `python tests/container_target.py ROUNDS TAG`
+    # (interleaved rounds); the suite prints one sample of each.
+    c = Container(tag, [])
+    times = [c.startup, c.stop()]
     print(f"\nimage {image} B, build output {build_bytes} B; docker run -> first response, "
           f"docker stop (s): {[round(t, 3) for t in times]}", file=sys.stderr)
     # Start-up time is a figure for the README (goal 1 s), not an assertion: timing
