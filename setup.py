@@ -47,7 +47,9 @@ EXTRA = ["-O2", "-g0"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 # What the wheel copies from the repository: (source, destination inside the package).
 PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")),
-            ("Dockerfile", os.path.join("orisha", "targets", "container", "Dockerfile")))
+            ("Dockerfile", os.path.join("orisha", "targets", "container", "Dockerfile")),
+            # not generated C (which exclude-package-data keeps out): the image's /init
+            (os.path.join("orisha", "targets", "container", "init.c"),) * 2)
 # unikernel/ entries the image build does not read (build output, fetched sources, tools).
 UNPACKAGED = ("build", ".cache", "tools", "__pycache__", "*.o")
 _SKIPPED: list[str] = []  # why a module was not compiled, for the one summary line

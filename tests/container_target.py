@@ -176,6 +176,33 @@ def pod_constraints() -> tuple[str, list[str]]:
     return f"{sec['runAsUser']}:{sec['runAsGroup']}", opts
 
 
+def init_pid(container: str) -> int:
+    """The host pid of the container's PID 1."""
+    return json.loads(docker("inspect", container).stdout)[0]["State"]["Pid"]
+
+
+def namespace_processes(init: int) -> list[tuple[int, int, str, str]]:
+    """(host pid, host ppid, state, command line) of every process in the PID namespace whose
+    PID 1 is host pid ``init``, zombies included (``docker top`` reads the cgroup, which a
+    zombie has left)."""
+    ns = os.readlink(f"/proc/{init}/ns/pid")
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != ns:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile
+            continue
+        found.append((int(name), int(fields[1]), fields[0], cmd))
+    return sorted(found)
+
+
 @atexit.register
 def _cleanup() -> None:
     for _, tag in _built.values():

