@@ -236,6 +236,27 @@ def test_sigterm_finishes_in_flight_responses_and_stops_quickly(demo):
         docker("rm", "-f", cid, check=False)
 
 
+def test_sighup_reloads_the_server_in_the_container(demo):
+    """`docker kill -s HUP` reaches the server past staticx's launcher, which has no SIGHUP
+    handler (sent to it, the container ended; as PID 1 it was dropped): a new generation
+    answers, the container runs on."""
+    from container_target import init_pid, namespace_processes
+    from test_supervisor import wait_for
+    _, tag = demo
+    c = Container(tag, ["--workers", "1"])
+    try:
+        pid1 = init_pid(c.container)
+        before = {p for p, *_ in namespace_processes(pid1)}
+        docker("kill", "-s", "HUP", c.container)
+        assert wait_for(lambda: "orisha: reloaded " in c.logs()[1], 30, 0.1), c.logs()
+        after = {p for p, *_ in namespace_processes(pid1)}
+        assert after - before, "no new worker"  # a new generation
+        assert Conn(c.port).request("/").status == 200
+        assert json.loads(docker("inspect", c.container).stdout)[0]["State"]["Running"]
+    finally:
+        c.stop()
+
+
 def test_image_size_goal_and_start_up_figures(demo):
     out, tag = demo
     build_bytes = sum(os.path.getsize(f"{out}/{n}") for n in ("site.py", "site.blob", "manifest.json"))

@@ -5,7 +5,9 @@
  * three processes and the whole bundle unpacked into /tmp at every start. Two jobs follow.
  *
  * 1. `/init PROGRAM ARGS...` (the ENTRYPOINT, `/init /orisha`): PID 1 that runs PROGRAM as its
- *    one child, passes on the signals it catches (docker stop's SIGTERM, SIGINT; `handles`),
+ *    one child, passes each signal it catches on to the nearest process of that child's tree
+ *    that handles it (docker stop's SIGTERM to the launcher; docker kill -s HUP, the reload,
+ *    to the server itself: `handler_below`),
  *    reaps every process that ends up its child, and exits with PROGRAM's status
  *    (128+N when a signal N ended it). A process `docker exec` starts has no parent inside the
  *    container's PID namespace; when it dies (a HEALTHCHECK past its timeout is SIGKILLed),
@@ -24,6 +26,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -47,10 +50,9 @@
 static const int SYNCHRONOUS[] = {SIGFPE, SIGILL, SIGSEGV, SIGBUS, SIGABRT, SIGTRAP, SIGSYS};
 
 /* Whether `pid` has a handler for `sig` or ignores it (/proc/PID/status: SigCgt, SigIgn). A
- * signal it leaves at its default action is not passed on: as PID 1 it never received those
- * (the kernel drops them, signal(7)), and staticx's launcher catches only SIGTERM and SIGINT,
- * so a forwarded SIGHUP would end the server where it used to be dropped. Without /proc it is
- * passed on. */
+ * signal it leaves at its default action is not passed to it: staticx's launcher catches only
+ * SIGTERM and SIGINT, so a SIGHUP sent to it would end the server instead of reloading it.
+ * Without /proc it is passed on. */
 static int handles(pid_t pid, int sig)
 {
     char path[32], line[128];
@@ -64,6 +66,46 @@ static int handles(pid_t pid, int sig)
             mask |= bits;
     fclose(f);
     return (int)((mask >> (sig - 1)) & 1);
+}
+
+/* The parent of `pid` (/proc/PID/stat's fourth field), or -1. */
+static pid_t parent_of(pid_t pid)
+{
+    char path[32], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = 0;
+    char *close = strrchr(stat, ')'); /* the name in parentheses may hold anything */
+    int ppid;
+    return close && sscanf(close + 1, " %*c %d", &ppid) == 1 ? (pid_t)ppid : -1;
+}
+
+/* The nearest process at or below `pid` that handles `sig`, or 0. staticx's launcher and
+ * PyInstaller's bootloader sit between PID 1 and the server: a signal only the server
+ * catches (SIGHUP, the reload) goes to the server, past launchers that would die of it. */
+static pid_t handler_below(pid_t pid, int sig, int depth)
+{
+    if (handles(pid, sig))
+        return pid;
+    if (depth == 0)
+        return 0;
+    DIR *proc = opendir("/proc");
+    if (!proc)
+        return 0;
+    pid_t found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(proc)) != NULL) {
+        char *end;
+        long other = strtol(e->d_name, &end, 10);
+        if (*end == 0 && other > 0 && parent_of((pid_t)other) == pid)
+            found = handler_below((pid_t)other, sig, depth - 1);
+    }
+    closedir(proc);
+    return found;
 }
 
 static int supervise(char **argv)
@@ -93,8 +135,9 @@ static int supervise(char **argv)
         if (sig < 0)
             continue; /* EINTR: a stop/continue of this process, nothing to do */
         if (sig != SIGCHLD) {
-            if (handles(child, sig))
-                kill(child, sig); /* ESRCH: it has just ended; its SIGCHLD is pending */
+            pid_t to = handler_below(child, sig, 4);
+            if (to > 0)
+                kill(to, sig); /* ESRCH: it has just ended; its SIGCHLD is pending */
             continue;
         }
         int status;
