@@ -607,6 +607,23 @@ def test_hsts_is_on_h3_answers_as_on_http11(builds, pki):
     assert http11(s.port, pki, "GET", "/", {})[1]["strict-transport-security"] == "max-age=600"
 
 
+def _udp_port_whose_tcp_port_is_free() -> socket.socket:
+    """A bound reuseport UDP socket whose port number is free over TCP too (an ephemeral
+    UDP port says nothing of the TCP port of the same number, which another process of
+    the machine may hold)."""
+    for _ in range(50):
+        quic = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        quic.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        quic.bind(("127.0.0.1", 0))
+        with socket.socket() as tcp:
+            try:
+                tcp.bind(("127.0.0.1", quic.getsockname()[1]))
+                return quic
+            except OSError:
+                quic.close()
+    raise AssertionError("no UDP port whose TCP port is free")
+
+
 def test_a_udp_port_held_by_another_server_is_not_shared(builds, pki):
     """HTTP/3's UDP sockets are claimed like the TCP listeners (orisha/ports.py): a second
     server on a held port exits with one line, the first serving h3 on; and a UDP port held
@@ -620,9 +637,7 @@ def test_a_udp_port_held_by_another_server_is_not_shared(builds, pki):
     assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"port {first.port} is already in use by pid {first.proc.pid}" in errors[0]
     assert h3_get(first.port, pki.ca, [("/", "GET", [])])[0][0] == 200
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as quic:
-        quic.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        quic.bind(("127.0.0.1", 0))
+    with _udp_port_whose_tcp_port_is_free() as quic:
         port = quic.getsockname()[1]
         r = orisha("serve", builds["notfound"], "--port", str(port), *args, timeout=30)
         me = open(f"/proc/{os.getpid()}/cmdline").read().replace("\0", " ").strip()[:200]

@@ -454,3 +454,81 @@ def test_the_fast_request_check_judges_as_aioquics(valid_start, fields):
         except MessageError:
             verdicts.append(("rejected", None))
     assert verdicts[0] == verdicts[1], (headers, verdicts)
+
+
+@pytest.fixture(scope="module")
+def timed(builds, pki):
+    """A server with short time limits: QUIC keeps a pinging client's connection alive, so
+    these are the limits that end one that makes no progress."""
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", "--head-timeout", "1",
+              "--idle-timeout", "2", "--send-timeout", "2",
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _pinging(c: _Raw, seconds: float) -> ConnectionTerminated:
+    """PINGs every 0.25 s (QUIC's idle timer never fires) until the server closes."""
+    deadline = time.monotonic() + seconds
+    while c.closed is None and time.monotonic() < deadline:
+        c.quic.send_ping(0)
+        _settle(c, 0.25)
+    assert c.closed is not None, "the server kept a connection that makes no progress"
+    return c.closed
+
+
+def test_headers_that_never_finish_end_the_connection_at_the_head_timeout(timed, pki):
+    """A request stream whose HEADERS never comes whole, its connection kept alive by PINGs:
+    at --head-timeout it is H3_EXCESSIVE_LOAD (HTTP/2's ENHANCE_YOUR_CALM, HTTP/1.1's 408)."""
+    c = _Raw(timed.port, pki.ca)
+    try:
+        started = time.monotonic()
+        _started(c, c.quic.get_next_available_stream_id(), 4000, 100)
+        closed = _pinging(c, 10)
+        assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
+        assert time.monotonic() - started >= 1
+    finally:
+        c.close()
+    _answers(timed, pki)
+
+
+def test_a_connection_without_requests_goes_away_at_the_idle_timeout(timed, pki):
+    """One request answered, then only PINGs: at --idle-timeout GOAWAY on the control stream
+    (RFC 9114 §5.2) and the close with H3_NO_ERROR, as an idle HTTP/1.1 or HTTP/2
+    connection is closed."""
+    c = _Raw(timed.port, pki.ca)
+    try:
+        sid = c.quic.get_next_available_stream_id()
+        c.quic.send_stream_data(sid, _headers_frame(), True)
+        c.run(lambda: sid in c.ended, 10)
+        started = time.monotonic()
+        closed = _pinging(c, 10)
+        assert closed.error_code == ErrorCode.H3_NO_ERROR, closed
+        assert time.monotonic() - started >= 1.5
+        control = next(bytes(d) for s, d in c.data.items() if s % 4 == 3 and d[:1] == b"\0")
+        assert encode_uint_var(FrameType.GOAWAY) + encode_uint_var(1) + encode_uint_var(sid + 4) \
+            in control, control
+    finally:
+        c.close()
+
+
+def test_a_body_the_client_never_makes_room_for_ends_at_the_send_timeout(timed, pki):
+    """The client takes the first 64 KiB of a 1.2 MB body and never raises its window (its
+    PINGs keep QUIC alive): at --send-timeout the connection ends, the body not held forever."""
+    c = _Raw(timed.port, pki.ca)
+    c.quic._write_stream_limits = c.quic._write_connection_limits = lambda *a, **k: None
+    try:
+        sid = c.quic.get_next_available_stream_id()
+        import pylsqpack
+        _, section = pylsqpack.Encoder().encode(0, [
+            (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
+            (b":path", b"/files/big.txt")])
+        c.quic.send_stream_data(sid, _frame(FrameType.HEADERS, section), True)
+        closed = _pinging(c, 15)
+        assert closed.error_code == ErrorCode.H3_EXCESSIVE_LOAD, closed
+        assert sid not in c.ended and len(c.data.get(sid, b"")) < 1200038
+    finally:
+        c.close()
+    _answers(timed, pki)

@@ -265,7 +265,7 @@ def _error(status: int) -> Plan:
 class _Conn:
     """One QUIC connection and what it still has to send."""
     __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
-                 "counted", "handshaking", "app")
+                 "counted", "handshaking", "app", "since")
 
     def __init__(self, quic: QuicConnection, peer: str, seq: int, app) -> None:
         self.quic, self.peer, self.seq = quic, peer, seq
@@ -278,6 +278,7 @@ class _Conn:
         self.last_sid = -4
         self.counted = True
         self.handshaking = True
+        self.since = 0.0  # the last progress of its requests (a request, body bytes queued)
 
 
 class Endpoint:
@@ -351,6 +352,36 @@ class Endpoint:
         if self.stopping:
             for c in list(self.live):
                 self._process(c, now)
+            return
+        for c in list(self.live):
+            if self._timed_out(c, now):
+                self._process(c, now)
+
+    def _timed_out(self, c: _Conn, now: float) -> bool:
+        """The limits of HTTP/1.1 and HTTP/2 on a connection QUIC keeps alive (a client's
+        PINGs reset QUIC's idle timer): bodies that move nothing for ``send_timeout``,
+        a request stream whose HEADERS does not come whole within ``head_timeout`` (as
+        h2: the connection, H3_EXCESSIVE_LOAD), and a connection with no request for
+        ``idle_timeout`` (GOAWAY, closed once drained; RFC 9114 §5.1)."""
+        if c.handshaking or c.goaway or c.h3._is_done:
+            return False  # QUIC's own idle timeout; draining; closing
+        limits, waited = c.app.limits, now - c.since
+        if c.pending:
+            if waited <= limits.send_timeout:
+                return False
+        elif any(sid % 4 == 0 and st.headers_recv_state == HeadersState.INITIAL
+                 for sid, st in c.h3._stream.items()):
+            if waited <= limits.head_timeout:
+                return False
+        elif waited > limits.idle_timeout:
+            self._go_away(c)
+            return True
+        else:
+            return False
+        c.h3._is_done = True
+        c.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
+                     reason_phrase="no progress within the time limit")
+        return True
 
     def shutdown(self, now: float) -> None:
         """GOAWAY on every connection (RFC 9114 §5.2); each closes once drained."""
@@ -463,6 +494,7 @@ class Endpoint:
         quic = _Quic(configuration=self.config, original_destination_connection_id=original,
                      retry_source_connection_id=retried, steer=self.steer)
         c = _Conn(quic, addr[0], next(self.seq), app)
+        c.since = now
         self.handshaking += 1
         for cid in (header.destination_cid, quic.host_cid):
             c.cids.add(cid)
@@ -488,7 +520,7 @@ class Endpoint:
             elif cls is ConnectionTerminated:
                 ended = True
             elif cls is HandshakeCompleted and c.handshaking:
-                c.handshaking = False
+                c.handshaking, c.since = False, now
                 self.handshaking -= 1
                 if self.app.hosts is not None:  # several sites: the SNI's answers (or 421)
                     c.app = self.app.view(quic.sni)
@@ -502,7 +534,7 @@ class Endpoint:
                         self._bounded(c, st)  # a frame is still coming
             event = quic.next_event()
         if c.pending:
-            self._feed(c)
+            self._feed(c, now)
         if c.goaway and not c.pending and not quic._close_pending and _drained(quic):
             quic.close(error_code=ErrorCode.H3_NO_ERROR)  # §5.2: every response delivered
         self._gather(c, quic.datagrams_to_send(now))
@@ -580,6 +612,7 @@ class Endpoint:
             c.quic.reset_stream(sid, ErrorCode.H3_REQUEST_REJECTED)  # §5.2: after our GOAWAY
             return
         c.last_sid = max(c.last_sid, sid)
+        c.since = now
         head, line = _synthetic_head(h.headers)
         app = c.app
         if head is None:  # malformed (RFC 9114 §4.1.2): a stream error
@@ -626,7 +659,7 @@ class Endpoint:
         c.quic.send_stream_data(sid, frames)
         c.pending[sid] = [body.view if body.__class__ is FileRegion else memoryview(body), 0]
 
-    def _feed(self, c: _Conn) -> None:
+    def _feed(self, c: _Conn, now: float) -> None:
         """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""
         streams = c.quic._streams
         for sid, p in list(c.pending.items()):
@@ -640,6 +673,7 @@ class Endpoint:
                 continue
             end = min(len(view), pos + room)
             c.quic.send_stream_data(sid, bytes(view[pos:end]), end == len(view))
+            c.since = now
             if end == len(view):
                 del c.pending[sid]
             else:
