@@ -542,6 +542,22 @@ def _children(pid: int) -> list[str]:
     return out
 
 
+def replaced(s, pki, victim: int, path: str) -> None:
+    """The killed worker ``victim`` of two is replaced (after RESTART_PAUSE if it was young)
+    and fresh connections — new source ports, so both UDP sockets — all get ``path``."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        now = [int(p) for p in _children(s.proc.pid)]
+        if len(now) == 2 and victim not in now:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the killed worker was not replaced")
+    time.sleep(0.5)  # the replacement enters its loop
+    for _ in range(6):
+        assert h3_get(s.port, pki.ca, [(path, "GET", ())])[0][0] == 200
+
+
 def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
     """kill -9 of a worker: the supervisor restarts it on the same UDP socket, and new
     HTTP/3 connections (the kernel hashes them over both workers' sockets) all succeed."""
@@ -551,17 +567,7 @@ def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
         children = _children(s.proc.pid)
         assert len(children) == 2, children
         os.kill(int(children[0]), signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:  # its replacement (after RESTART_PAUSE if young)
-            now = _children(s.proc.pid)
-            if len(now) == 2 and children[0] not in now:
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the killed worker was not restarted")
-        time.sleep(0.5)  # the replacement enters its loop
-        for _ in range(6):  # fresh connections: new source ports, both sockets
-            assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+        replaced(s, pki, int(children[0]), "/")
     finally:
         s.stop()
 

@@ -25,7 +25,7 @@ from aioquic.quic.events import ConnectionTerminated, StreamReset
 
 from conftest import TEST_LIMITS, orisha
 from orisha.protocols.quic_steer import Steer
-from test_h3 import _children, _Client, h3_get
+from test_h3 import _children, _Client, h3_get, replaced
 from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
 
 _SIZE = 1536 * 1024  # incompressible: every variant is the identity one
@@ -283,16 +283,6 @@ def test_kill_9_of_a_worker_during_h3_downloads_loses_only_its_connections(tmp_p
         assert {o for o, _, _ in results} == set(workers)
         print("connections (the killed worker's?, bytes at the kill):",
               [(o == victim, n) for o, n, _ in results])
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:  # its replacement (after RESTART_PAUSE if young)
-            now = [int(p) for p in _children(s.proc.pid)]
-            if len(now) == 2 and victim not in now:
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the killed worker was not replaced")
-        time.sleep(0.5)  # the replacement enters its loop
-        for _ in range(6):  # fresh connections: new source ports, both sockets
-            assert h3_get(s.port, pki.ca, [("/probe.bin", "GET", ())])[0][0] == 200
+        replaced(s, pki, victim, "/probe.bin")
     finally:
         s.stop()
