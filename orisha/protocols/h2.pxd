@@ -93,6 +93,7 @@ cdef class H2Connection:
     cdef public Py_ssize_t head_max
     cdef public _Block hdr
 
+    cpdef bint reading(self)
     cpdef receive(self, bytes data, double now)
     cpdef sent(self, Py_ssize_t n, double now)
     @cython.locals(waited=double)

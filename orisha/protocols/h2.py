@@ -241,6 +241,10 @@ class H2Connection:
 
     @property
     def wants_read(self) -> bool:
+        return self.reading()
+
+    def reading(self) -> bool:
+        """``wants_read``, as a method the compiled TLS layer calls in C."""
         return not self.out and not self.should_close
 
     def receive(self, data: bytes, now: float) -> None:
