@@ -282,7 +282,11 @@ cdef class TlsConnection:
 
     def sent(self, Py_ssize_t n, double now):
         self.since = now
-        self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
+        if n >= self.cipher_bytes:  # all written, the common case: no Python call
+            self.cipher.clear()
+            self.cipher_bytes = 0
+        else:
+            self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
         if not self.cipher:
             if self.state == OPEN:
                 self._work(now)

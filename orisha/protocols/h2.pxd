@@ -8,7 +8,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from libc.string cimport memcpy
 
 cdef bint _COMPILED  # True here: h2.py's helpers below replace its struct packing
-cdef Py_ssize_t _REQUESTS, _RESPONSE_BYTES, _REQUEST, _TRAILERS, _IGNORED
+cdef Py_ssize_t _REQUESTS, _RESPONSE_BYTES, _REQUEST, _TRAILERS, _IGNORED, _date_second
+cdef bytes _date_bytes
 
 
 # The frame-header helpers of the compiled module (h2.py's ``_frame``/``_framed`` call them

@@ -133,14 +133,16 @@ def _framed(ftype: int, flags: int, sid: int, payload: bytes, tail: bytes,
 
 _SETTINGS_ACK = _frame(0, SETTINGS, ACK, 0)
 _BLOCKS = Blocks()
-_date = [-1, b""]  # (second, HPACK date field): the one per-second part of a header block
+# The one per-second part of a header block: the second, its HPACK date field.
+_date_second, _date_bytes = -1, b""
 
 
 def _date_field(now: float) -> bytes:
+    global _date_second, _date_bytes
     second = int(now)
-    if second != _date[0]:
-        _date[0], _date[1] = second, date_field(format_http_date(second))
-    return _date[1]
+    if second != _date_second:
+        _date_second, _date_bytes = second, date_field(format_http_date(second))
+    return _date_bytes
 
 
 def _error(status: int) -> Plan:
@@ -744,7 +746,7 @@ class H2Connection:
             return self._ended(sid, self.initial)
         # DATA frames are at most 16 KiB (the peer's max frame size, usually), so a large
         # body is framed from its map (``FileRegion.view``) rather than sent with sendfile.
-        view = body.view if body.__class__ is FileRegion else body
+        view = body.view if type(body) is FileRegion else body
         if (not self.ready and self.out_bytes < _OUT_HIGH
                 and size <= self.initial and size <= self.window and size <= self.max_frame):
             # What ``_pump`` would queue at once, without its stream: the body in one DATA
@@ -768,7 +770,7 @@ class H2Connection:
             out.append(_frame(len(part), CONTINUATION, last, sid) + part)
             self.out_bytes += 9  # each CONTINUATION's header (HEADERS' is counted)
         if body:
-            self._stream(sid, body.view if body.__class__ is FileRegion else body)
+            self._stream(sid, body.view if type(body) is FileRegion else body)
         else:
             self._ended(sid, self.initial)
 
