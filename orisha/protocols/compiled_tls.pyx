@@ -8,7 +8,10 @@ and ``_CHUNK``, FileRegions encrypted from the map, the graceful stop, ALPN h2,
 ``refuse``, the ACME TLS-ALPN-01 and SNI context choice, ``app.view(sni)``); only
 the calls differ: one ``SSL*`` per connection over two memory BIOs, and
 ``SSL_do_handshake``/``SSL_read``/``SSL_write`` called from C, with no Python
-object per record and no exception per "want read".
+object per record and no exception per "want read". Once ALPN chose h2, the
+decrypted bytes go to the compiled ``H2Connection`` and its output is taken from
+it by C calls (``self.h2``: cimported from h2.pxd), not through ``H2Front``'s
+Python properties; so this module loads only beside the compiled h2 (tls.py).
 
 The ``SSL_CTX``s are this module's own (``Context``), made from the PEM bytes that
 ``tls.context`` read (``ctx.pem``) and the policy of that ``ssl.SSLContext``: its
