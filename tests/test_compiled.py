@@ -297,3 +297,11 @@ def test_an_edit_to_h2_py_after_the_build_runs_the_py(tmp_path):
     assert r.stdout.strip() == str(tmp_path / "orisha" / "protocols" / "h2.py")
     assert r.stderr == ("orisha: the compiled HTTP/2 layer is older than orisha/protocols/h2.py; "
                         "using the .py (pip install -e . rebuilds it)\n")
+    # compiled_tls calls the compiled h2 in C (it cimports H2Connection): beside the .py the
+    # TLS layer is the pure one, said in one more line, instead of a failed import.
+    r = subprocess.run([sys.executable, "-c", "import orisha.protocols.tls as t; print(t.LAYER)"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.stdout.strip() == "pure", r.stderr
+    assert r.stderr.endswith("orisha: the compiled TLS layer needs the compiled HTTP/2 layer; "
+                             "using ssl.SSLObject\n"), r.stderr

@@ -8,7 +8,10 @@ and ``_CHUNK``, FileRegions encrypted from the map, the graceful stop, ALPN h2,
 ``refuse``, the ACME TLS-ALPN-01 and SNI context choice, ``app.view(sni)``); only
 the calls differ: one ``SSL*`` per connection over two memory BIOs, and
 ``SSL_do_handshake``/``SSL_read``/``SSL_write`` called from C, with no Python
-object per record and no exception per "want read".
+object per record and no exception per "want read". Once ALPN chose h2, the
+decrypted bytes go to the compiled ``H2Connection`` and its output is taken from
+it by C calls (``self.h2``: cimported from h2.pxd), not through ``H2Front``'s
+Python properties; so this module loads only beside the compiled h2 (tls.py).
 
 The ``SSL_CTX``s are this module's own (``Context``), made from the PEM bytes that
 ``tls.context`` read (``ctx.pem``) and the policy of that ``ssl.SSLContext``: its
@@ -39,6 +42,7 @@ from ..core.outgoing import consume
 from ..core.policy import LINGER
 from ..errors import ServeError
 from .front import Sniffing, to_h2
+from .h2 cimport H2Connection  # the compiled h2: tls.py loads this module only beside it
 from . import tls as _tls  # the pure layer: constants, client_hello (it imports us at its end)
 
 cdef Py_ssize_t _CHUNK = _tls._CHUNK
@@ -203,6 +207,7 @@ cdef class TlsConnection:
     cdef public int state
     cdef public bint refuse, should_close, shut_write, notified, fresh, stopping, ended
     cdef bint started, eof_in, record_sni
+    cdef H2Connection h2  # ``inner.proto`` once ALPN chose h2: its methods called in C
 
     def __init__(self, app, port, double now, peer, bint refuse):
         self.app, self.refuse = app, refuse
@@ -246,7 +251,7 @@ cdef class TlsConnection:
     def wants_read(self):
         if self.cipher or self.should_close:
             return False
-        return self.state != OPEN or self.inner.wants_read
+        return self.state != OPEN or self._reading()
 
     def receive(self, bytes data, double now):
         if self.should_close:
@@ -280,7 +285,11 @@ cdef class TlsConnection:
 
     def sent(self, Py_ssize_t n, double now):
         self.since = now
-        self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
+        if n >= self.cipher_bytes:  # all written, the common case: no Python call
+            self.cipher.clear()
+            self.cipher_bytes = 0
+        else:
+            self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
         if not self.cipher:
             if self.state == OPEN:
                 self._work(now)
@@ -371,6 +380,7 @@ cdef class TlsConnection:
         SSL_get0_alpn_selected(self.ssl, &proto, &size)
         if size == 2 and memcmp(proto, <const char *>H2, 2) == 0:
             to_h2(self.inner, now, refuse=self.refuse)
+            self.h2 = self.inner.proto
         elif self.refuse:
             self.inner.refuse(now)
 
@@ -383,7 +393,7 @@ cdef class TlsConnection:
             self._encrypt(now)
             if self.state != OPEN:  # the session broke while writing
                 return
-            if not inner.wants_read or inner.should_close or self.ended:
+            if not self._reading() or self._closing() or self.ended:
                 break
             if not BIO_ctrl_pending(self.rbio) and not self.eof_in and not SSL_pending(self.ssl):
                 break  # nothing buffered: skip a read that could only want more
@@ -404,7 +414,10 @@ cdef class TlsConnection:
                     ERR_clear_error()
                     self._broken()
                     return
-            inner.receive(data, now)
+            if self.h2 is not None:
+                self.h2.receive(data, now)
+            else:
+                inner.receive(data, now)
             if self.fresh:
                 self.fresh = False
                 if self.stopping:  # answer this first request, then the stop proceeds
@@ -418,9 +431,29 @@ cdef class TlsConnection:
         self._flush_tls()
         self._settle(now)
 
+    # The inner connection's side of the contract: the HTTP/2 layer's own fields and
+    # methods where ALPN chose h2 (C calls), else the front's (Python calls).
+    cdef inline list _outgoing(self):
+        return self.h2.out if self.h2 is not None else self.inner.outgoing
+
+    cdef inline bint _reading(self) except -1:
+        return self.h2.reading() if self.h2 is not None else self.inner.wants_read
+
+    cdef inline bint _closing(self) except -1:
+        return self.h2.should_close if self.h2 is not None else self.inner.should_close
+
+    cdef inline bint _shut(self) except -1:
+        return self.h2.shut_write if self.h2 is not None else self.inner.shut_write
+
+    cdef inline _sent(self, Py_ssize_t n, double now):
+        if self.h2 is not None:
+            self.h2.sent(n, now)
+        else:
+            self.inner.sent(n, now)
+
     cdef _encrypt(self, double now):
         cdef object inner = self.inner
-        cdef list out = inner.outgoing
+        cdef list out = self._outgoing()
         cdef list parts
         cdef Py_ssize_t pos, size
         while out and self.cipher_bytes < _HIGH:
@@ -433,8 +466,8 @@ cdef class TlsConnection:
                 self._flush_tls()
                 pos += len(chunk)
                 self.region_pos = 0 if pos >= first.length else pos
-                inner.sent(first.length if pos >= first.length else 0, now)
-                out = inner.outgoing
+                self._sent(first.length if pos >= first.length else 0, now)
+                out = self._outgoing()
                 continue
             if len(first) >= _CHUNK:
                 chunk = memoryview(first)[:_CHUNK]
@@ -449,8 +482,8 @@ cdef class TlsConnection:
             if not self._write(chunk):
                 return
             self._flush_tls()
-            inner.sent(len(chunk), now)
-            out = inner.outgoing
+            self._sent(len(chunk), now)
+            out = self._outgoing()
 
     cdef bint _write(self, chunk):
         cdef Py_buffer view
@@ -478,8 +511,7 @@ cdef class TlsConnection:
 
     cdef _settle(self, double now):
         """The inner connection is done: close_notify, then close or linger once it is out."""
-        inner = self.inner
-        if inner.outgoing or not (inner.should_close or inner.shut_write):
+        if self._outgoing() or not (self._closing() or self._shut()):
             return
         if not self.notified:
             self.notified = True
@@ -488,7 +520,7 @@ cdef class TlsConnection:
             ERR_clear_error()
             self._flush_tls()
         if not self.cipher:
-            if inner.should_close:
+            if self._closing():
                 self.should_close = True
             else:
                 self.shut_write = True

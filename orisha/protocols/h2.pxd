@@ -4,6 +4,51 @@
 # Python objects (tests and unikernel/h2_tables.py read them).
 
 cimport cython
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.string cimport memcpy
+
+cdef bint _COMPILED  # True here: h2.py's helpers below replace its struct packing
+cdef Py_ssize_t _REQUESTS, _RESPONSE_BYTES, _REQUEST, _TRAILERS, _IGNORED, _date_second
+cdef bytes _date_bytes
+
+
+# The frame-header helpers of the compiled module (h2.py's ``_frame``/``_framed`` call them
+# when ``_COMPILED``; the pure module packs with struct): the bytes written in C.
+cdef inline void _c_head(unsigned char *p, Py_ssize_t length, Py_ssize_t ftype,
+                         Py_ssize_t flags, Py_ssize_t sid) noexcept:
+    p[0] = <unsigned char>(length >> 16)
+    p[1] = <unsigned char>(length >> 8)
+    p[2] = <unsigned char>length
+    p[3] = <unsigned char>ftype
+    p[4] = <unsigned char>flags
+    p[5] = <unsigned char>(sid >> 24)
+    p[6] = <unsigned char>(sid >> 16)
+    p[7] = <unsigned char>(sid >> 8)
+    p[8] = <unsigned char>sid
+
+
+cdef inline bytes _c_frame(Py_ssize_t length, Py_ssize_t ftype, Py_ssize_t flags,
+                           Py_ssize_t sid):
+    cdef bytes b = PyBytes_FromStringAndSize(NULL, 9)
+    _c_head(<unsigned char *>PyBytes_AS_STRING(b), length, ftype, flags, sid)
+    return b
+
+
+cdef inline bytes _c_framed(Py_ssize_t ftype, Py_ssize_t flags, Py_ssize_t sid,
+                            bytes payload, bytes tail, Py_ssize_t data):
+    cdef Py_ssize_t a = PyBytes_GET_SIZE(payload), t = PyBytes_GET_SIZE(tail)
+    cdef bytes b = PyBytes_FromStringAndSize(NULL, 9 + a + t + (9 if data >= 0 else 0))
+    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(b)
+    _c_head(p, a + t, ftype, flags, sid)
+    memcpy(p + 9, PyBytes_AS_STRING(payload), a)
+    memcpy(p + 9 + a, PyBytes_AS_STRING(tail), t)
+    if data >= 0:
+        _c_head(p + 9 + a + t, data, 0, 1, sid)  # DATA, END_STREAM
+    return b
+
+
+cdef inline bytes _c_slice(bytes buf, Py_ssize_t start, Py_ssize_t end):
+    return PyBytes_FromStringAndSize(PyBytes_AS_STRING(buf) + start, end - start)
 
 # Frame types and flags as C integers (the dispatch in ``_process`` compares them per frame);
 # nothing outside reads them.
@@ -28,6 +73,8 @@ cdef class _Body:
 
 
 cpdef bytes _frame(Py_ssize_t length, Py_ssize_t ftype, Py_ssize_t flags, Py_ssize_t sid)
+cpdef bytes _framed(Py_ssize_t ftype, Py_ssize_t flags, Py_ssize_t sid, bytes payload,
+                    bytes tail, Py_ssize_t data=*)
 @cython.locals(second=Py_ssize_t)
 cpdef bytes _date_field(double now)
 cpdef Py_ssize_t _declared(head) except? -2
@@ -41,9 +88,13 @@ cdef class H2Connection:
     cdef public list out
     cdef public Py_ssize_t out_bytes, preface, window, initial, max_frame, recv_window, recv_used
     cdef public Py_ssize_t last_id, calm
-    cdef public dict streams, remote_open, memo
+    cdef public dict streams, remote_open, memo, built, early, plans
+    cdef public list counts
+    cdef public object log_lines, hosts
+    cdef public Py_ssize_t head_max
     cdef public _Block hdr
 
+    cpdef bint reading(self)
     cpdef receive(self, bytes data, double now)
     cpdef sent(self, Py_ssize_t n, double now)
     @cython.locals(waited=double)
@@ -68,9 +119,11 @@ cdef class H2Connection:
     cpdef _headers(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
     @cython.locals(hdr=_Block)
     cpdef _continuation(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
-    @cython.locals(hdr=_Block, sid=Py_ssize_t, end=Py_ssize_t, kind=Py_ssize_t, frags=list,
-                   block=bytes, declared=Py_ssize_t)
+    @cython.locals(hdr=_Block, frags=list)
     cpdef _end_headers(self, double now)
+    @cython.locals(declared=Py_ssize_t)
+    cpdef _end_block(self, Py_ssize_t sid, Py_ssize_t end, bytes block, Py_ssize_t size,
+                     Py_ssize_t kind, double now)
     @cython.locals(body=_Body)
     cpdef _trailers(self, Py_ssize_t sid, bytes block)
     @cython.locals(memo=dict, pair=tuple)
@@ -86,9 +139,13 @@ cdef class H2Connection:
     @cython.locals(inc=Py_ssize_t, st=_Stream, body=_Body)
     cpdef _window_update(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
     cpdef _request(self, Py_ssize_t sid, tuple decoded, double now)  # plan: a Plan (a NamedTuple)
-    @cython.locals(status=Py_ssize_t, stats=list, block=bytes, flags=Py_ssize_t, out=list,
-                   step=Py_ssize_t, i=Py_ssize_t, last=Py_ssize_t, st=_Stream)
+    @cython.locals(status=Py_ssize_t, stats=list, block=bytes, date=bytes, out=list,
+                   size=Py_ssize_t, length=Py_ssize_t)
     cpdef _respond(self, Py_ssize_t sid, object plan, bytes line, double now, bytes request=*)
+    @cython.locals(out=list, step=Py_ssize_t, i=Py_ssize_t, last=Py_ssize_t)
+    cpdef _long_block(self, Py_ssize_t sid, bytes block, object body)
+    @cython.locals(st=_Stream)
+    cpdef _stream(self, Py_ssize_t sid, object view)
     cpdef _early_hints(self, Py_ssize_t sid, bytes head)
     @cython.locals(body=_Body)
     cpdef _ended(self, Py_ssize_t sid, Py_ssize_t window)

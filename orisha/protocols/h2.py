@@ -59,12 +59,21 @@ from collections import deque
 
 from hpack import Decoder, HPACKError
 
+try:  # the compiled module's C helpers (h2.pxd); the pure module never calls them
+    import cython
+    _COMPILED = cython.compiled
+except ImportError:  # no Cython installed: the pure module
+    _COMPILED = False
+
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
 from ..core.policy import CONNECT, LINGER, Stat
 from .hpack_blocks import CONNECTION_FIELDS, Blocks, date_field
 from ..core.outgoing import consume
+
+# The hot path's constants as module globals (C integers in the compiled module).
+_REQUESTS, _RESPONSE_BYTES, _ERROR_SLOT = Stat.REQUESTS, Stat.RESPONSE_BYTES, Stat.ERROR
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4
 
@@ -96,8 +105,10 @@ _BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length: ([^\r]*)")
 
 
-# Fixed-width packing (one C call, in the pure module and the compiled one alike): the
-# compiled h2 types these ints as C integers, where a 72-bit shift would overflow.
+# Fixed-width packing (one C call; the compiled h2 types these ints as C integers, where a
+# 72-bit shift would overflow). The compiled module writes frame headers with h2.pxd's
+# ``_c_frame``/``_c_framed`` instead (a struct call with five int objects was ~6% of an h2
+# request, perf); the other packers serve both.
 _HEAD = struct.Struct(">BHBBL").pack  # a frame header: 24-bit length, type, flags, stream id
 _U32 = struct.Struct(">L").pack
 _U32_U32 = struct.Struct(">LL").pack
@@ -106,19 +117,34 @@ _SETTING = struct.Struct(">HL").pack
 
 def _frame(length: int, ftype: int, flags: int, sid: int) -> bytes:
     """A 9-byte frame header (§4.1)."""
+    if _COMPILED:
+        return _c_frame(length, ftype, flags, sid)  # h2.pxd: the nine bytes written in C
     return _HEAD(length >> 16, length & 0xFFFF, ftype, flags, sid)
+
+
+def _framed(ftype: int, flags: int, sid: int, payload: bytes, tail: bytes,
+            data: int = -1) -> bytes:
+    """A frame whose payload is ``payload + tail``, header included, as one buffer; and
+    when ``data`` >= 0, after it the header of a DATA frame of ``data`` bytes that ends the
+    stream (the response's body follows it)."""
+    if _COMPILED:
+        return _c_framed(ftype, flags, sid, payload, tail, data)  # one allocation, two memcpy
+    frame = _frame(len(payload) + len(tail), ftype, flags, sid) + payload + tail
+    return frame if data < 0 else frame + _frame(data, DATA, END_STREAM, sid)
 
 
 _SETTINGS_ACK = _frame(0, SETTINGS, ACK, 0)
 _BLOCKS = Blocks()
-_date = [-1, b""]  # (second, HPACK date field): the one per-second part of a header block
+# The one per-second part of a header block: the second, its HPACK date field.
+_date_second, _date_bytes = -1, b""
 
 
 def _date_field(now: float) -> bytes:
+    global _date_second, _date_bytes
     second = int(now)
-    if second != _date[0]:
-        _date[0], _date[1] = second, date_field(format_http_date(second))
-    return _date[1]
+    if second != _date_second:
+        _date_second, _date_bytes = second, date_field(format_http_date(second))
+    return _date_bytes
 
 
 def _error(status: int) -> Plan:
@@ -126,10 +152,13 @@ def _error(status: int) -> Plan:
     return Plan(head, Tail.KEEP_ALIVE, body, Close.NO, 0, status)
 
 
+# What a header block is (``_Block.kind``): every kind is decoded (HPACK state).
+_REQUEST, _TRAILERS, _IGNORED = 0, 1, 2
+
+
 class _Block:
     """A header block being received: HEADERS, then CONTINUATION frames until END_HEADERS."""
     __slots__ = ("sid", "end", "frags", "size", "kind")
-    REQUEST, TRAILERS, IGNORED = 0, 1, 2  # what it is: every kind is decoded (HPACK state)
 
     def __init__(self, sid: int, end: int, first: bytes, kind: int) -> None:
         self.sid, self.end, self.frags, self.size, self.kind = sid, end, [first], len(first), kind
@@ -179,6 +208,11 @@ class H2Connection:
                  refuse: bool = False) -> None:
         self.app, self.peer, self.since, self.refuse = app, peer, now, refuse
         _BLOCKS.take(app.site, app.hosts)  # the header blocks its builds encoded (once)
+        # What every request reads, looked up once per connection: the App's plan memo,
+        # counters, log and head limit (an App never rebinds them), the blocks of its builds.
+        self.built, self.early = _BLOCKS.built, _BLOCKS.early
+        self.plans, self.counts, self.log_lines = app.plans, app.counts, app.log_lines
+        self.hosts, self.head_max = app.hosts, app.limits.head
         self.buf = b""
         self.out: list = []
         self.out_bytes = 0
@@ -196,7 +230,7 @@ class H2Connection:
         self.ready: deque[_Stream] = deque()
         self.remote_open: dict[int, _Body] = {}  # streams whose request has not ended yet
         self.resets: deque[int] = deque(maxlen=128)  # streams we reset lately (frames in flight)
-        self.memo: dict[bytes, tuple] = {}  # header block → (synthetic head, log line)
+        self.memo: dict[bytes, tuple] = {}  # header block → (head, log line, declared)
         self.last_id = 0
         self.hdr: _Block | None = None  # a header block still awaiting CONTINUATION
         self.calm = _CALM_MAX
@@ -211,6 +245,10 @@ class H2Connection:
 
     @property
     def wants_read(self) -> bool:
+        return self.reading()
+
+    def reading(self) -> bool:
+        """``wants_read``, as a method the compiled TLS layer calls in C."""
         return not self.out and not self.should_close
 
     def receive(self, data: bytes, now: float) -> None:
@@ -227,7 +265,11 @@ class H2Connection:
 
     def sent(self, n: int, now: float) -> None:
         self.since = now
-        self.out_bytes = consume(self.out, self.out_bytes, n)
+        if n >= self.out_bytes:  # everything written: the common case, inline
+            self.out.clear()
+            self.out_bytes = 0
+        else:
+            self.out_bytes = consume(self.out, self.out_bytes, n)
         if not self.out:
             self._pump()
             if self.buf and not self.dead:
@@ -338,7 +380,7 @@ class H2Connection:
             ftype, flags = buf[pos + 3], buf[pos + 4]
             sid = ((buf[pos + 5] & 0x7F) << 24 | buf[pos + 6] << 16 | buf[pos + 7] << 8
                    | buf[pos + 8])
-            payload = buf[pos + 9:end]
+            payload = _c_slice(buf, pos + 9, end) if _COMPILED else buf[pos + 9:end]
             pos = end
             if not self.settings_seen and ftype != SETTINGS:
                 self._fail(Error.PROTOCOL_ERROR)  # §3.4: the preface ends with SETTINGS
@@ -431,29 +473,30 @@ class H2Connection:
             self_dependent = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid
             payload = payload[5:]
         if sid in self.remote_open:
-            kind = _Block.TRAILERS
+            kind = _TRAILERS
             if not flags & END_STREAM:
                 self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1: trailers end the stream
-                kind = _Block.IGNORED
+                kind = _IGNORED
         elif sid <= self.last_id:
             if sid not in self.resets:  # §5.1.1: ids only grow; a closed stream takes no HEADERS
                 return self._fail(Error.PROTOCOL_ERROR)
-            kind = _Block.IGNORED  # late trailers on a stream we reset (§5.1 "closed"): decoded, for
+            kind = _IGNORED  # late trailers on a stream we reset (§5.1 "closed"): decoded, for
             if not self._spend():  # the HPACK state, then dropped
                 return
         else:
             self.last_id = sid
-            kind = _Block.REQUEST
+            kind = _REQUEST
             if self.closing:  # §6.8: after our GOAWAY a new stream is ignored, with its frames
-                kind = _Block.IGNORED
+                kind = _IGNORED
                 self.resets.append(sid)
             self.since = now
         if self_dependent:  # §5.3.1: a stream error; the block is still decoded (HPACK state)
             self._reset(sid, Error.PROTOCOL_ERROR)
-            kind = _Block.IGNORED
-        self.hdr = _Block(sid, flags & END_STREAM, payload, kind)
-        if flags & END_HEADERS:
-            self._end_headers(now)
+            kind = _IGNORED
+        if flags & END_HEADERS:  # the whole block in this frame (the common case)
+            self._end_block(sid, flags & END_STREAM, payload, len(payload), kind, now)
+        else:
+            self.hdr = _Block(sid, flags & END_STREAM, payload, kind)
 
     def _continuation(self, flags: int, sid: int, payload: bytes, now: float) -> None:
         hdr = self.hdr
@@ -470,23 +513,28 @@ class H2Connection:
 
     def _end_headers(self, now: float) -> None:
         hdr, self.hdr = self.hdr, None
-        sid, end, frags, kind = hdr.sid, hdr.end, hdr.frags, hdr.kind
-        if hdr.size > 2 * self.app.limits.head:
+        frags = hdr.frags
+        self._end_block(hdr.sid, hdr.end, frags[0] if len(frags) == 1 else b"".join(frags),
+                        hdr.size, hdr.kind, now)
+
+    def _end_block(self, sid: int, end: int, block: bytes, size: int, kind: int,
+                   now: float) -> None:
+        """A whole header block of ``size`` bytes (§4.3), received on stream ``sid``."""
+        if size > 2 * self.head_max:
             return self._fail(Error.ENHANCE_YOUR_CALM)
-        block = frags[0] if len(frags) == 1 else b"".join(frags)
-        if kind == _Block.TRAILERS:
+        if kind == _TRAILERS:
             return self._trailers(sid, block)
         decoded = self._decode(block)
         if decoded is None:
             return
-        if kind == _Block.REQUEST:
+        if kind == _REQUEST:
             # The scan only near the limit: len(remote_open) bounds the half-closed count.
             if (len(self.streams) + len(self.remote_open) >= MAX_STREAMS
                     and len(self.streams) + _answered(self.remote_open) >= MAX_STREAMS):
                 self._reset(sid, Error.REFUSED_STREAM)  # §5.1.2: half-closed streams count
                 self._spend()
                 return
-            declared = _declared(decoded[0])
+            declared = decoded[2]
             if end and declared > 0:
                 return self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1.1: no DATA to match it
             if not end:
@@ -508,7 +556,8 @@ class H2Connection:
             self._reset(sid, Error.PROTOCOL_ERROR)
 
     def _decode(self, block: bytes) -> tuple | None:
-        """(synthetic head, log line) for a header block; None after a decoding error.
+        """(synthetic head, log line, its declared content-length: ``_declared``) for a
+        header block; None after a decoding error.
 
         Clients repeat requests as the same bytes: indexed fields, and literals *without*
         indexing for what they never index (nghttp2 keeps ``:path`` out of the table). A
@@ -530,7 +579,8 @@ class H2Connection:
         except HPACKError:  # a decoding error, a table-size violation or an HPACK bomb: the
             self._fail(Error.COMPRESSION_ERROR)  # shared table is now unusable (§4.3)
             return None
-        pair = _synthetic_head(fields)
+        head, line = _synthetic_head(fields)
+        pair = (head, line, _declared(head))
         first = entries[0] if entries else None
         if (len(entries), table.maxsize) != (before[0], before[2]) or first is not before[1]:
             memo.clear()
@@ -655,66 +705,89 @@ class H2Connection:
 
     # -- requests and responses ----------------------------------------------
     def _request(self, sid: int, decoded: tuple, now: float) -> None:
-        head, line = decoded
+        head, line, _ = decoded
         if head is None:
             return self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1.1 malformed
-        app = self.app
         if self.refuse:
             plan = _error(503)
-        elif len(head) > app.limits.head:
+        elif len(head) > self.head_max:
             plan = _error(431)  # RFC 9113 §10.5.1
         else:
-            plan = app.plans.get(head)
+            plan = self.plans.get(head)
             if plan is None:
-                plan = app.plan(head)
+                plan = self.app.plan(head)
         self._respond(sid, plan, line, now, request=head)
         if self.refuse:
             self._go_away(Error.NO_ERROR)
 
     def _respond(self, sid: int, plan, line: bytes, now: float, request: bytes = b"") -> None:
         head, _, body, _, _, status, stats = plan
-        app = self.app
         if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
-            stats = app.counts
-        stats[Stat.REQUESTS] += 1
-        stats[Stat.RESPONSE_BYTES] += len(body)
+            stats = self.counts
+        size = len(body)
+        stats[_REQUESTS] += 1
+        stats[_RESPONSE_BYTES] += size
         if status >= 400:
-            stats[Stat.ERROR[status]] += 1
-        if app.log_lines is not None:
-            app.log_lines.append(log_line(self.peer, now, line, status, len(body),
-                                          b"" if app.hosts is None else app.hosts.label(request)))
-        block = _BLOCKS.built.get(head)  # the build's block, else Blocks.get's memo
-        block = (block if block is not None else _BLOCKS.get(head)) + _date_field(now)
-        flags = END_HEADERS if body else END_HEADERS | END_STREAM
+            stats[_ERROR_SLOT[status]] += 1
+        if self.log_lines is not None:
+            self.log_lines.append(log_line(self.peer, now, line, status, size, b""
+                                           if self.hosts is None else self.hosts.label(request)))
+        block = self.built.get(head)  # the build's block, else Blocks.get's memo
+        if block is None:
+            block = _BLOCKS.get(head)
+        date = _date_field(now)
         out = self.out
-        if _BLOCKS.early:
+        if self.early:
             self._early_hints(sid, head)
-        if len(block) <= self.max_frame:
-            out.append(_frame(len(block), HEADERS, flags, sid) + block)
-        else:  # §6.10: the rest of a long block in CONTINUATION frames
-            step = self.max_frame
-            out.append(_frame(step, HEADERS, flags & END_STREAM, sid) + block[:step])
-            for i in range(step, len(block), step):
-                part = block[i:i + step]
-                last = END_HEADERS if i + step >= len(block) else 0
-                out.append(_frame(len(part), CONTINUATION, last, sid) + part)
-        self.out_bytes += len(block) + 9
+        length = len(block) + len(date)
+        self.out_bytes += length + 9
+        if length > self.max_frame:  # §6.10: the rest of a long block in CONTINUATION frames
+            return self._long_block(sid, block + date, body)
+        if not size:
+            out.append(_framed(HEADERS, END_HEADERS | END_STREAM, sid, block, date))
+            return self._ended(sid, self.initial)
+        # DATA frames are at most 16 KiB (the peer's max frame size, usually), so a large
+        # body is framed from its map (``FileRegion.view``) rather than sent with sendfile.
+        view = body.view if type(body) is FileRegion else body
+        if (not self.ready and self.out_bytes < _OUT_HIGH
+                and size <= self.initial and size <= self.window and size <= self.max_frame):
+            # What ``_pump`` would queue at once, without its stream: the body in one DATA
+            # frame, its header in the HEADERS frame's buffer.
+            out.append(_framed(HEADERS, END_HEADERS, sid, block, date, size))
+            out.append(view)
+            self.out_bytes += 9 + size
+            self.window -= size
+            return self._ended(sid, self.initial - size)
+        out.append(_framed(HEADERS, END_HEADERS, sid, block, date))
+        self._stream(sid, view)
+
+    def _long_block(self, sid: int, block: bytes, body) -> None:
+        """A header block longer than the peer's frame size: HEADERS, then CONTINUATION."""
+        out = self.out
+        step = self.max_frame
+        out.append(_frame(step, HEADERS, 0 if body else END_STREAM, sid) + block[:step])
+        for i in range(step, len(block), step):
+            part = block[i:i + step]
+            last = END_HEADERS if i + step >= len(block) else 0
+            out.append(_frame(len(part), CONTINUATION, last, sid) + part)
+            self.out_bytes += 9  # each CONTINUATION's header (HEADERS' is counted)
         if body:
-            # DATA frames are at most 16 KiB (the peer's max frame size, usually), so a large
-            # body is framed from its map (``FileRegion.view``) rather than sent with sendfile.
-            view = body.view if body.__class__ is FileRegion else memoryview(body)
-            st = self.streams[sid] = _Stream(sid, self.initial, view)
-            self.ready.append(st)
-            self._pump()
+            self._stream(sid, body.view if type(body) is FileRegion else body)
         else:
             self._ended(sid, self.initial)
+
+    def _stream(self, sid: int, view) -> None:
+        """The body goes out as the windows allow (``_pump``)."""
+        st = self.streams[sid] = _Stream(sid, self.initial, memoryview(view))
+        self.ready.append(st)
+        self._pump()
 
     def _early_hints(self, sid: int, head: bytes) -> None:
         """A 103 (RFC 8297) before the 200 of a page with early hints: one HEADERS frame
         without END_STREAM, an informational response (RFC 9113 §8.1). Sent within the
         same write as the 200, it lets the browser start its preloads while it is still
         receiving and parsing the page."""
-        hints = _BLOCKS.early.get(head)
+        hints = self.early.get(head)
         if hints and len(hints) <= self.max_frame:
             self.out.append(_frame(len(hints), HEADERS, END_HEADERS, sid) + hints)
             self.out_bytes += len(hints) + 9
@@ -723,7 +796,7 @@ class H2Connection:
         """Our side of ``sid`` is done (``window``: what is left of its send window). A
         request still open stays so (half-closed (local), §5.1) until the client ends or
         resets it; one whose body has filled its window is told to stop (§8.1)."""
-        body = self.remote_open.get(sid)
+        body = self.remote_open.get(sid) if self.remote_open else None
         if body is not None:
             body.send = window
             if body.window <= 0:

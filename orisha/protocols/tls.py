@@ -500,6 +500,11 @@ def _compiled_layer() -> None:
     from ..compiled import pure
     if pure() or importlib.util.find_spec("orisha.protocols.compiled_tls") is None:
         return
+    from . import h2
+    if h2.__file__.endswith(".py"):  # compiled_tls calls the compiled h2's methods in C
+        print("orisha: the compiled TLS layer needs the compiled HTTP/2 layer; using "
+              "ssl.SSLObject", file=sys.stderr)
+        return
     try:
         from .compiled_tls import Tls as compiled  # imports this module's names back
     except ImportError as e:  # built against another Python or libssl: the pure layer
