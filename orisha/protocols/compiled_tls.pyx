@@ -32,6 +32,10 @@ from libc.string cimport memcmp
 from libc.stdlib cimport malloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.pycapsule cimport PyCapsule_New
+
+from ..core cimport seam
+from ..core.seam cimport Calls, Kinds, ORISHA_CALLS, calls_of, kinds_init
 
 from ..blob import FileRegion
 from ..core.connection import Tail
@@ -51,6 +55,8 @@ cdef int HANDSHAKE = 0, OPEN = 1, PLAIN = 2
 cdef char _plain_buf[65536]  # one SSL_read's plaintext (at most _CHUNK), copied out at once
 assert _CHUNK <= 65536
 cdef bytes H2 = b"h2"
+cdef Kinds _INNER  # the inner connection's kinds: the compiled core's HTTP/1.1 at C level
+kinds_init(&_INNER, None)
 
 
 cdef struct Alpn:
@@ -197,6 +203,7 @@ cdef class TlsConnection:
     cdef object port  # the Tls, while the ClientHello may still choose the context
     cdef bytes hello
     cdef public object app, inner
+    cdef const Calls *calls  # the inner connection's contract at C level, or NULL (seam.pxd)
     cdef public list cipher
     cdef public Py_ssize_t cipher_bytes, region_pos
     cdef public double began, since
@@ -244,11 +251,14 @@ cdef class TlsConnection:
 
     @property
     def wants_read(self):
+        return self.reading()
+
+    cdef bint reading(self) except -1:
         if self.cipher or self.should_close:
             return False
-        return self.state != OPEN or self.inner.wants_read
+        return self.state != OPEN or seam.wants_read(self.calls, self.inner)
 
-    def receive(self, bytes data, double now):
+    cpdef receive(self, bytes data, double now):
         if self.should_close:
             return
         if self.state == PLAIN:  # answered in plain text: drain until the peer's EOF
@@ -278,9 +288,13 @@ cdef class TlsConnection:
         if self.state == OPEN:
             self._work(now)
 
-    def sent(self, Py_ssize_t n, double now):
+    cpdef sent(self, Py_ssize_t n, double now):
         self.since = now
-        self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
+        if n >= self.cipher_bytes:  # the common case, inline: everything was written
+            self.cipher.clear()
+            self.cipher_bytes = 0
+        else:
+            self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
         if not self.cipher:
             if self.state == OPEN:
                 self._work(now)
@@ -383,7 +397,8 @@ cdef class TlsConnection:
             self._encrypt(now)
             if self.state != OPEN:  # the session broke while writing
                 return
-            if not inner.wants_read or inner.should_close or self.ended:
+            if not seam.wants_read(self.calls, inner) or seam.should_close(self.calls, inner) \
+                    or self.ended:
                 break
             if not BIO_ctrl_pending(self.rbio) and not self.eof_in and not SSL_pending(self.ssl):
                 break  # nothing buffered: skip a read that could only want more
@@ -404,7 +419,9 @@ cdef class TlsConnection:
                     ERR_clear_error()
                     self._broken()
                     return
-            inner.receive(data, now)
+            seam.receive(self.calls, inner, data, now)
+            if self.calls == NULL:  # Sniffing chose its class on this first read
+                self.calls = calls_of(&_INNER, inner)
             if self.fresh:
                 self.fresh = False
                 if self.stopping:  # answer this first request, then the stop proceeds
@@ -420,7 +437,8 @@ cdef class TlsConnection:
 
     cdef _encrypt(self, double now):
         cdef object inner = self.inner
-        cdef list out = inner.outgoing
+        cdef const Calls *calls = self.calls
+        cdef list out = seam.outgoing(calls, inner)
         cdef list parts
         cdef Py_ssize_t pos, size
         while out and self.cipher_bytes < _HIGH:
@@ -433,8 +451,8 @@ cdef class TlsConnection:
                 self._flush_tls()
                 pos += len(chunk)
                 self.region_pos = 0 if pos >= first.length else pos
-                inner.sent(first.length if pos >= first.length else 0, now)
-                out = inner.outgoing
+                seam.sent(calls, inner, first.length if pos >= first.length else 0, now)
+                out = seam.outgoing(calls, inner)
                 continue
             if len(first) >= _CHUNK:
                 chunk = memoryview(first)[:_CHUNK]
@@ -449,8 +467,8 @@ cdef class TlsConnection:
             if not self._write(chunk):
                 return
             self._flush_tls()
-            inner.sent(len(chunk), now)
-            out = inner.outgoing
+            seam.sent(calls, inner, len(chunk), now)
+            out = seam.outgoing(calls, inner)
 
     cdef bint _write(self, chunk):
         cdef Py_buffer view
@@ -479,7 +497,8 @@ cdef class TlsConnection:
     cdef _settle(self, double now):
         """The inner connection is done: close_notify, then close or linger once it is out."""
         inner = self.inner
-        if inner.outgoing or not (inner.should_close or inner.shut_write):
+        if seam.outgoing(self.calls, inner) or not (seam.should_close(self.calls, inner)
+                                                    or seam.shut_write(self.calls, inner)):
             return
         if not self.notified:
             self.notified = True
@@ -488,7 +507,37 @@ cdef class TlsConnection:
             ERR_clear_error()
             self._flush_tls()
         if not self.cipher:
-            if inner.should_close:
+            if seam.should_close(self.calls, inner):
                 self.should_close = True
             else:
                 self.shut_write = True
+
+
+# -- the contract at C level for the compiled loop bodies (orisha/core/seam.pxd) -----------
+cdef int _receive(object c, bytes data, double now) except -1:
+    (<TlsConnection>c).receive(data, now)
+    return 0
+
+cdef int _sent(object c, Py_ssize_t n, double now) except -1:
+    (<TlsConnection>c).sent(n, now)
+    return 0
+
+cdef list _outgoing(object c):
+    return (<TlsConnection>c).cipher
+
+cdef bint _wants_read(object c) except -1:
+    return (<TlsConnection>c).reading()
+
+cdef bint _should_close(object c) except -1:
+    return (<TlsConnection>c).should_close
+
+cdef bint _shut_write(object c) except -1:
+    return (<TlsConnection>c).shut_write
+
+cdef Calls _CALLS
+_CALLS.receive, _CALLS.sent, _CALLS.outgoing = _receive, _sent, _outgoing
+_CALLS.wants_read, _CALLS.should_close, _CALLS.shut_write = _wants_read, _should_close, _shut_write
+# The compiled loop bodies call a TlsConnection's contract through this table; the pure
+# bodies through its Python names.
+Tls.calls = PyCapsule_New(&_CALLS, ORISHA_CALLS, NULL)
+Tls.connection_type = TlsConnection

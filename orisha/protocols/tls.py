@@ -500,6 +500,9 @@ def _compiled_layer() -> None:
     from ..compiled import pure
     if pure() or importlib.util.find_spec("orisha.protocols.compiled_tls") is None:
         return
+    from ..core import connection  # the layer calls the compiled core at C level (seam.pxd)
+    if connection.__file__.endswith(".py"):
+        return
     try:
         from .compiled_tls import Tls as compiled  # imports this module's names back
     except ImportError as e:  # built against another Python or libssl: the pure layer
