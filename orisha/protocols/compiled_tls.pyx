@@ -256,7 +256,7 @@ cdef class TlsConnection:
     cdef bint reading(self) except -1:
         if self.cipher or self.should_close:
             return False
-        return self.state != OPEN or seam.wants_read(self.calls, self.inner)
+        return self.state != OPEN or self._reading()
 
     cpdef receive(self, bytes data, double now):
         if self.should_close:
@@ -290,7 +290,7 @@ cdef class TlsConnection:
 
     cpdef sent(self, Py_ssize_t n, double now):
         self.since = now
-        if n >= self.cipher_bytes:  # the common case, inline: everything was written
+        if n >= self.cipher_bytes:  # all written, the common case: no Python call
             self.cipher.clear()
             self.cipher_bytes = 0
         else:
@@ -397,8 +397,7 @@ cdef class TlsConnection:
             self._encrypt(now)
             if self.state != OPEN:  # the session broke while writing
                 return
-            if not seam.wants_read(self.calls, inner) or seam.should_close(self.calls, inner) \
-                    or self.ended:
+            if not self._reading() or self._closing() or self.ended:
                 break
             if not BIO_ctrl_pending(self.rbio) and not self.eof_in and not SSL_pending(self.ssl):
                 break  # nothing buffered: skip a read that could only want more
@@ -435,10 +434,26 @@ cdef class TlsConnection:
         self._flush_tls()
         self._settle(now)
 
+    # The inner connection's side of the contract: C calls where it is the compiled core's
+    # HTTP/1.1 connection (orisha/core/seam.pxd), else Python calls.
+    cdef inline list _outgoing(self):
+        return seam.outgoing(self.calls, self.inner)
+
+    cdef inline bint _reading(self) except -1:
+        return seam.wants_read(self.calls, self.inner)
+
+    cdef inline bint _closing(self) except -1:
+        return seam.should_close(self.calls, self.inner)
+
+    cdef inline bint _shut(self) except -1:
+        return seam.shut_write(self.calls, self.inner)
+
+    cdef inline _sent(self, Py_ssize_t n, double now):
+        seam.sent(self.calls, self.inner, n, now)
+
     cdef _encrypt(self, double now):
         cdef object inner = self.inner
-        cdef const Calls *calls = self.calls
-        cdef list out = seam.outgoing(calls, inner)
+        cdef list out = self._outgoing()
         cdef list parts
         cdef Py_ssize_t pos, size
         while out and self.cipher_bytes < _HIGH:
@@ -451,8 +466,8 @@ cdef class TlsConnection:
                 self._flush_tls()
                 pos += len(chunk)
                 self.region_pos = 0 if pos >= first.length else pos
-                seam.sent(calls, inner, first.length if pos >= first.length else 0, now)
-                out = seam.outgoing(calls, inner)
+                self._sent(first.length if pos >= first.length else 0, now)
+                out = self._outgoing()
                 continue
             if len(first) >= _CHUNK:
                 chunk = memoryview(first)[:_CHUNK]
@@ -467,8 +482,8 @@ cdef class TlsConnection:
             if not self._write(chunk):
                 return
             self._flush_tls()
-            seam.sent(calls, inner, len(chunk), now)
-            out = seam.outgoing(calls, inner)
+            self._sent(len(chunk), now)
+            out = self._outgoing()
 
     cdef bint _write(self, chunk):
         cdef Py_buffer view
@@ -496,9 +511,7 @@ cdef class TlsConnection:
 
     cdef _settle(self, double now):
         """The inner connection is done: close_notify, then close or linger once it is out."""
-        inner = self.inner
-        if seam.outgoing(self.calls, inner) or not (seam.should_close(self.calls, inner)
-                                                    or seam.shut_write(self.calls, inner)):
+        if self._outgoing() or not (self._closing() or self._shut()):
             return
         if not self.notified:
             self.notified = True
@@ -507,7 +520,7 @@ cdef class TlsConnection:
             ERR_clear_error()
             self._flush_tls()
         if not self.cipher:
-            if seam.should_close(self.calls, inner):
+            if self._closing():
                 self.should_close = True
             else:
                 self.shut_write = True
