@@ -347,6 +347,44 @@ def test_memoised_header_blocks_follow_the_dynamic_table(site, path):
     assert codings == ["gzip", "gzip", "br", "br"]
 
 
+def test_a_first_block_decoded_once_per_worker_adds_its_entries_on_every_connection(site):
+    """A connection's first header block, decoded against the pristine table, is memoised
+    per worker (h2._decoded); a second connection's copy of it must still add its entries
+    to that connection's table: its next block refers to them (dynamic index 62)."""
+    from orisha.protocols import h2 as layer
+    first = b"\x82\x84\x86\x41\x07example" + b"\x50\x02br"  # :authority, accept-encoding
+    again = b"\x82\x84\x86\xbf\xbe"                            # both by dynamic index
+    data = b"".join(frame(HEADERS, 0x5, sid, b) for sid, b in ((1, first), (3, again)))
+    layer._FIRST.clear()
+    for _ in range(2):  # the second connection's first block is the memo's
+        out, conn = raw(site, data)
+        table = conn.proto.decoder.header_table
+        assert [bytes(n) for n, _ in table.dynamic_entries] == [b"accept-encoding", b":authority"]
+        from hpack import Decoder
+        d = Decoder()
+        blocks = [dict(d.decode(p)) for t, _, s, p in read_frames(out) if t == HEADERS]
+        assert [b.get("content-encoding") for b in blocks if b.get(":status") != "103"] \
+            == ["br", "br"] and goaway_code(out) is None
+        assert (first, 4 * Limits().head) in layer._FIRST
+
+
+def test_new_connections_with_the_same_first_block_over_real_sockets(proto, tls_port, h2c_port,
+                                                                     pki):
+    """Three connections of one client, each sending its first block (every field indexed
+    incrementally by the h2 library) then blocks that refer to those entries: every
+    answer is right, the second and third connections' first blocks coming from the memo."""
+    port = tls_port if proto == "tls" else h2c_port
+    for _ in range(3):
+        client = h2_client(proto, port, pki)
+        try:
+            for _ in range(2):
+                r = client.get("/css/site.css", accept_encoding="gzip", user_agent="orisha-test/1")
+                assert r.status == 200 and r.reset is None and client.goaway is None
+                assert r.h("content-encoding") == "gzip"
+        finally:
+            client.close()
+
+
 def _variant(site, path: bytes, coding: bytes):
     return next(v for v in site.routes[path].variants if v.coding == coding)
 

@@ -74,6 +74,17 @@ def test_versions_and_alpn(tls_port, pki, version, alpn, expect):
         s.close()
 
 
+def test_the_clients_cipher_suite_order_is_followed(tls_port):
+    """Of the suites a client offers, its first is taken (nginx's default): offered AES-128
+    before AES-256, it gets AES-128 (the server's preference would pick AES-256-GCM-SHA384)."""
+    for order, want in (("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384", "TLS_AES_128_GCM_SHA256"),
+                        ("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384")):
+        r = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{tls_port}", "-tls1_3",
+                            "-ciphersuites", order, "-servername", "localhost"],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        assert f"Cipher is {want}" in r.stdout, r.stdout[-600:] + r.stderr[-300:]
+
+
 @pytest.mark.parametrize("version", ["1.2", "1.3"])
 def test_session_resumption_across_workers(tls_port, pki, version):
     ctx = client_context(pki, ("http/1.1",), version)

@@ -27,6 +27,7 @@ cdef class Connection:
     cdef public Py_ssize_t discard
     cdef public bint eof, close_after, should_close, _closed, shut_write
     cdef public object peer
+    cpdef bint reading(self)
     cpdef receive(self, bytes data, double now)
     cpdef sent(self, Py_ssize_t n, double now)
     cpdef tick(self, double now)

@@ -231,6 +231,11 @@ class Connection:
 
     @property
     def wants_read(self) -> bool:
+        return Connection.reading(self)
+
+    def reading(self) -> bool:
+        """``wants_read`` as a method: compiled, the loop bodies and the TLS layer call it
+        at C level (``orisha/core/seam.pxd``), without a property lookup."""
         return not self.out and (not self.close_after or self.shut_write) and not self.should_close
 
     def receive(self, data: bytes, now: float) -> None:

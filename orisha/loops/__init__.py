@@ -161,9 +161,17 @@ def resolve(name: str) -> tuple[str, str | None]:
 def module(name: str) -> str:
     """The module ``load`` imports for loop ``name``: its compiled body when built, else the .py."""
     compiled = COMPILED.get(name)
-    if compiled and not pure() and importlib.util.find_spec(compiled) is not None:
+    if compiled and not pure() and importlib.util.find_spec(compiled) is not None \
+            and compiled_core_loaded():
         return compiled
     return MODULES[name]
+
+
+def compiled_core_loaded() -> bool:
+    """True when the compiled core runs: the compiled bodies call its connections at C level
+    (orisha/core/seam.pxd), so with the .py core (stale, or not built) the pure body runs."""
+    from ..core import connection
+    return not connection.__file__.endswith(".py")
 
 
 def build(loop_cls) -> str:

@@ -21,6 +21,8 @@ from libc.errno cimport EAGAIN, ECONNABORTED, EINTR, EMFILE, ENFILE, ENOBUFS, EN
 from libc.string cimport memset
 from posix.unistd cimport close as c_close
 
+from ..core cimport seam
+from ..core.seam cimport Calls, Kinds, calls_of, kinds_init
 from ..blob import FileRegion, release as release_maps
 from .udp import Pump
 
@@ -45,6 +47,7 @@ cdef inline double _now() noexcept nogil:
 
 cdef class _Conn:
     cdef object conn
+    cdef const Calls *calls       # its contract at C level, or NULL: through Python (seam.pxd)
     cdef int fd, watched
     cdef int first                # its first answer: FRESH, LATE, ANSWERED (base.py)
     cdef bint may_shut
@@ -55,6 +58,7 @@ cdef class Loop:
     cdef readonly str name
     cdef object listener, app, conns, pump
     cdef int lfd, ep, ufd, uwant
+    cdef Kinds kinds
 
     def __init__(self, listener, app, datagrams=None):
         self.pump = Pump(datagrams) if datagrams is not None else None
@@ -63,6 +67,7 @@ cdef class Loop:
         self.listener, self.app = listener, app
         self.lfd = listener.fileno()
         self.conns = {}
+        kinds_init(&self.kinds, app.protocols)
         self.ep = epoll_create1(EPOLL_CLOEXEC)
         if self.ep < 0:
             raise OSError(errno, "epoll_create1")
@@ -115,15 +120,19 @@ cdef class Loop:
                 if c is None:
                     continue
                 # A hang-up or error is surfaced as readable: recv returns 0 or fails.
-                if ev & (EPOLLIN | EPOLLHUP | EPOLLERR) and c.conn.wants_read:
+                if c.calls == NULL:  # Sniffing: its class is chosen by its first read
+                    c.calls = calls_of(&self.kinds, c.conn)
+                if ev & (EPOLLIN | EPOLLHUP | EPOLLERR) and seam.wants_read(c.calls, c.conn):
                     got = recv(fd, _recv_buf, RECV, 0)
                     if got < 0:
                         if errno == EAGAIN or errno == EINTR:  # spurious readiness
                             continue
                         self._close(c)  # ECONNRESET and friends end this connection only
                         continue
-                    c.conn.receive(PyBytes_FromStringAndSize(_recv_buf, got), now)
-                    if c.first and c.conn.outgoing:  # its first response (see _stop)
+                    seam.receive(c.calls, c.conn, PyBytes_FromStringAndSize(_recv_buf, got), now)
+                    if c.calls == NULL:
+                        c.calls = calls_of(&self.kinds, c.conn)
+                    if c.first and seam.outgoing(c.calls, c.conn):  # its first response (_stop)
                         if c.first == LATE:
                             c.conn.shutdown(now)
                         c.first = ANSWERED
@@ -209,13 +218,15 @@ cdef class Loop:
             c = _Conn()
             c.fd, c.watched, c.may_shut, c.first = fd, READ, True, FRESH
             c.conn = self.app.connect(now, text.decode("ascii"))
+            c.calls = calls_of(&self.kinds, c.conn)
             self.conns[fd] = c
             self._watch(fd, READ, False)
             self._flush(c, now)
 
     cdef _flush(self, _Conn c, double now):
         cdef object conn = c.conn
-        cdef list out = conn.outgoing
+        cdef const Calls *calls = c.calls
+        cdef list out = seam.outgoing(calls, conn)
         cdef Py_ssize_t n
         cdef int want
         while out:
@@ -225,14 +236,14 @@ cdef class Loop:
                     break
                 self._close(c)  # EPIPE/ECONNRESET: the peer is gone
                 return
-            conn.sent(n, now)
-        if conn.should_close:
+            seam.sent(calls, conn, n, now)
+        if seam.should_close(calls, conn):
             self._close(c)
             return
-        if conn.shut_write and c.may_shut:
+        if c.may_shut and seam.shut_write(calls, conn):
             c.may_shut = False
             shutdown(c.fd, SHUT_WR)  # ENOTCONN: the peer is already gone; the next read says so
-        want = WRITE if out else (READ if conn.wants_read else 0)
+        want = WRITE if out else (READ if seam.wants_read(calls, conn) else 0)
         if want != c.watched:
             self._watch(c.fd, want, True)
             c.watched = want

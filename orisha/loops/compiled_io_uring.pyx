@@ -45,6 +45,8 @@ from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_
 from posix.unistd cimport close as c_close
 
 from liburing.queue cimport io_uring as Ring
+from ..core cimport seam
+from ..core.seam cimport Calls, Kinds, calls_of, kinds_init
 from liburing.queue cimport io_uring_cqe as Cqe
 from liburing.queue cimport io_uring_queue_exit, io_uring_queue_init
 from liburing.queue cimport io_uring_submit, io_uring_submit_and_wait_timeout
@@ -92,6 +94,7 @@ cdef inline double _now() noexcept nogil:
 
 cdef class _Conn:
     cdef object conn
+    cdef const Calls *calls      # its contract at C level, or NULL: through Python (seam.pxd)
     cdef long id
     cdef int fd
     cdef bint recv_armed, sending, closing, cancelled, shut, shutting
@@ -132,6 +135,7 @@ cdef class Loop:
     cdef size_t br_size
     cdef object pump
     cdef bint udp_armed, udp_blocked
+    cdef Kinds kinds
 
     def __init__(self, listener, app, datagrams=None):
         self.pump = Pump(datagrams) if datagrams is not None else None
@@ -140,6 +144,7 @@ cdef class Loop:
         self.listener, self.app = listener, app
         self.lfd = listener.fileno()
         self.conns = {}
+        kinds_init(&self.kinds, app.protocols)
         self.next_id = 1
         self.multishot_accept = True
         self._setup_ring()
@@ -228,20 +233,25 @@ cdef class Loop:
 
     cdef _service(self, _Conn c):
         """Queue what the core wants for this connection: a close, a send, a recv."""
-        cdef object conn = c.conn, out, data
+        cdef object conn = c.conn, data
+        cdef list out
+        cdef const Calls *calls
         while True:
-            if not c.closing and conn.should_close:
+            if c.calls == NULL:  # Sniffing: its class is chosen by its first read
+                c.calls = calls_of(&self.kinds, conn)
+            calls = c.calls
+            if not c.closing and seam.should_close(calls, conn):
                 c.closing = True
             if c.closing:
                 self._close(c)
                 return
-            out = conn.outgoing
+            out = seam.outgoing(calls, conn)
             if out and not c.sending:
                 self._send(c, out)
-            elif not out and conn.shut_write and not c.shut and not c.sending:
+            elif not out and not c.shut and not c.sending and seam.shut_write(calls, conn):
                 c.shut = c.shutting = True
                 io_uring_prep_shutdown(self._sqe(c.id << 3 | SHUT), c.fd, SHUT_WR)
-            if not conn.wants_read:
+            if not seam.wants_read(calls, conn):
                 return
             if c.pending is None:
                 if not c.recv_armed:
@@ -251,8 +261,10 @@ cdef class Loop:
             self._receive(c, data, _now())
 
     cdef _receive(self, _Conn c, bytes data, double now):
-        c.conn.receive(data, now)
-        if c.first and c.conn.outgoing:  # its first response (see _stop)
+        seam.receive(c.calls, c.conn, data, now)
+        if c.calls == NULL:
+            c.calls = calls_of(&self.kinds, c.conn)
+        if c.first and seam.outgoing(c.calls, c.conn):  # its first response (see _stop)
             if c.first == LATE:
                 c.conn.shutdown(now)
             c.first = ANSWERED
@@ -334,6 +346,7 @@ cdef class Loop:
         c.id, c.fd, c.first = self.next_id, fd, LATE if late else FRESH
         self.next_id += 1
         c.conn = self.app.connect(now, peer)
+        c.calls = calls_of(&self.kinds, c.conn)
         self.conns[c.id] = c
         self._service(c)
 
@@ -494,7 +507,7 @@ cdef class Loop:
             elif c.region is not None:
                 self._region_sent(c, res, now)
             else:
-                c.conn.sent(res, now)
+                seam.sent(c.calls, c.conn, res, now)
         self._service(c)
 
     cdef _region_sent(self, _Conn c, int res, double now):
@@ -502,10 +515,10 @@ cdef class Loop:
         c.piped -= res
         c.done += res
         if c.done < region.length:
-            c.conn.sent(0, now)  # progress within the region (base.py: reported whole)
+            seam.sent(c.calls, c.conn, 0, now)  # progress within the region (base.py: whole)
         else:
             c.done = 0
-            c.conn.sent(region.length, now)
+            seam.sent(c.calls, c.conn, region.length, now)
 
     cdef _received(self, _Conn c, int res, unsigned int flags, double now):
         cdef bytes data
@@ -529,7 +542,7 @@ cdef class Loop:
             return
         if c.pending is not None:
             c.pending += data
-        elif c.conn.wants_read:
+        elif seam.wants_read(c.calls, c.conn):
             self._receive(c, data, now)
             return
         else:

@@ -35,6 +35,10 @@ from libc.string cimport memcmp
 from libc.stdlib cimport malloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.pycapsule cimport PyCapsule_New
+
+from ..core cimport seam
+from ..core.seam cimport Calls, Kinds, ORISHA_CALLS, calls_of, kinds_init
 
 from ..blob import FileRegion
 from ..core.connection import Tail
@@ -55,6 +59,8 @@ cdef int HANDSHAKE = 0, OPEN = 1, PLAIN = 2
 cdef char _plain_buf[65536]  # one SSL_read's plaintext (at most _CHUNK), copied out at once
 assert _CHUNK <= 65536
 cdef bytes H2 = b"h2"
+cdef Kinds _INNER  # the inner connection's kinds: the compiled core's HTTP/1.1 at C level
+kinds_init(&_INNER, None)
 
 
 cdef struct Alpn:
@@ -201,6 +207,7 @@ cdef class TlsConnection:
     cdef object port  # the Tls, while the ClientHello may still choose the context
     cdef bytes hello
     cdef public object app, inner
+    cdef const Calls *calls  # the inner connection's contract at C level, or NULL (seam.pxd)
     cdef public list cipher
     cdef public Py_ssize_t cipher_bytes, region_pos
     cdef public double began, since
@@ -249,11 +256,14 @@ cdef class TlsConnection:
 
     @property
     def wants_read(self):
+        return self.reading()
+
+    cdef bint reading(self) except -1:
         if self.cipher or self.should_close:
             return False
         return self.state != OPEN or self._reading()
 
-    def receive(self, bytes data, double now):
+    cpdef receive(self, bytes data, double now):
         if self.should_close:
             return
         if self.state == PLAIN:  # answered in plain text: drain until the peer's EOF
@@ -283,7 +293,7 @@ cdef class TlsConnection:
         if self.state == OPEN:
             self._work(now)
 
-    def sent(self, Py_ssize_t n, double now):
+    cpdef sent(self, Py_ssize_t n, double now):
         self.since = now
         if n >= self.cipher_bytes:  # all written, the common case: no Python call
             self.cipher.clear()
@@ -417,7 +427,9 @@ cdef class TlsConnection:
             if self.h2 is not None:
                 self.h2.receive(data, now)
             else:
-                inner.receive(data, now)
+                seam.receive(self.calls, inner, data, now)
+                if self.calls == NULL:  # Sniffing chose its class on this first read
+                    self.calls = calls_of(&_INNER, inner)
             if self.fresh:
                 self.fresh = False
                 if self.stopping:  # answer this first request, then the stop proceeds
@@ -432,24 +444,25 @@ cdef class TlsConnection:
         self._settle(now)
 
     # The inner connection's side of the contract: the HTTP/2 layer's own fields and
-    # methods where ALPN chose h2 (C calls), else the front's (Python calls).
+    # methods where ALPN chose h2, the compiled core's HTTP/1.1 connection through its
+    # table (orisha/core/seam.pxd): C calls both; else Python calls.
     cdef inline list _outgoing(self):
-        return self.h2.out if self.h2 is not None else self.inner.outgoing
+        return self.h2.out if self.h2 is not None else seam.outgoing(self.calls, self.inner)
 
     cdef inline bint _reading(self) except -1:
-        return self.h2.reading() if self.h2 is not None else self.inner.wants_read
+        return self.h2.reading() if self.h2 is not None else seam.wants_read(self.calls, self.inner)
 
     cdef inline bint _closing(self) except -1:
-        return self.h2.should_close if self.h2 is not None else self.inner.should_close
+        return self.h2.should_close if self.h2 is not None else seam.should_close(self.calls, self.inner)
 
     cdef inline bint _shut(self) except -1:
-        return self.h2.shut_write if self.h2 is not None else self.inner.shut_write
+        return self.h2.shut_write if self.h2 is not None else seam.shut_write(self.calls, self.inner)
 
     cdef inline _sent(self, Py_ssize_t n, double now):
         if self.h2 is not None:
             self.h2.sent(n, now)
         else:
-            self.inner.sent(n, now)
+            seam.sent(self.calls, self.inner, n, now)
 
     cdef _encrypt(self, double now):
         cdef object inner = self.inner
@@ -524,3 +537,33 @@ cdef class TlsConnection:
                 self.should_close = True
             else:
                 self.shut_write = True
+
+
+# -- the contract at C level for the compiled loop bodies (orisha/core/seam.pxd) -----------
+cdef int _receive(object c, bytes data, double now) except -1:
+    (<TlsConnection>c).receive(data, now)
+    return 0
+
+cdef int _sent(object c, Py_ssize_t n, double now) except -1:
+    (<TlsConnection>c).sent(n, now)
+    return 0
+
+cdef list _outgoing(object c):
+    return (<TlsConnection>c).cipher
+
+cdef bint _wants_read(object c) except -1:
+    return (<TlsConnection>c).reading()
+
+cdef bint _should_close(object c) except -1:
+    return (<TlsConnection>c).should_close
+
+cdef bint _shut_write(object c) except -1:
+    return (<TlsConnection>c).shut_write
+
+cdef Calls _CALLS
+_CALLS.receive, _CALLS.sent, _CALLS.outgoing = _receive, _sent, _outgoing
+_CALLS.wants_read, _CALLS.should_close, _CALLS.shut_write = _wants_read, _should_close, _shut_write
+# The compiled loop bodies call a TlsConnection's contract through this table; the pure
+# bodies through its Python names.
+Tls.calls = PyCapsule_New(&_CALLS, ORISHA_CALLS, NULL)
+Tls.connection_type = TlsConnection
