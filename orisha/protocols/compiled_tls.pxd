@@ -38,6 +38,7 @@ cdef extern from "<openssl/ssl.h>" nogil:
     uint64_t SSL_CTX_clear_options(SSL_CTX *, uint64_t)
     long SSL_CTX_set_mode(SSL_CTX *, long)
     int SSL_CTX_set_cipher_list(SSL_CTX *, const char *)
+    int SSL_CTX_set_ciphersuites(SSL_CTX *, const char *)
     int SSL_CTX_set_num_tickets(SSL_CTX *, size_t)
     int SSL_CTX_set_session_id_context(SSL_CTX *, const unsigned char *, unsigned int)
     void SSL_CTX_set_alpn_select_cb(SSL_CTX *, alpn_select_cb, void *)

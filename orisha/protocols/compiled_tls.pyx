@@ -15,7 +15,7 @@ Python properties; so this module loads only beside the compiled h2 (tls.py).
 
 The ``SSL_CTX``s are this module's own (``Context``), made from the PEM bytes that
 ``tls.context`` read (``ctx.pem``) and the policy of that ``ssl.SSLContext``: its
-options, minimum and maximum versions and ticket count, ``tls._TLS12_CIPHERS``,
+options, minimum and maximum versions and ticket count, ``tls._TLS12_CIPHERS`` and ``tls.TLS13_SUITES`` (which the stdlib cannot set),
 ``tls.ALPN`` (or the ``ctx.alpn`` an ACME challenge context was given) — never
 retyped here. ``tls.context`` stays the one checker of the files and its one-line
 errors. Python's own ``SSL_CTX`` cannot be shared: once ``sni_callback`` is set
@@ -91,7 +91,7 @@ cdef class Context:
     def __cinit__(self, py):
         cdef bytes wire = b"".join(bytes([len(p)]) + p.encode() for p in
                                    getattr(py, "alpn", _tls.ALPN))
-        cdef bytes ciphers = _tls._TLS12_CIPHERS.encode()
+        cdef bytes ciphers = _tls._TLS12_CIPHERS.encode(), suites = _tls.TLS13_SUITES.encode()
         cert_path, cert_pem, key_path, key_pem = py.pem
         self.ctx = SSL_CTX_new(TLS_server_method())
         if self.ctx == NULL:
@@ -108,7 +108,8 @@ cdef class Context:
         lo, hi = int(py.minimum_version), int(py.maximum_version)  # -2/-1: no bound (0)
         if not SSL_CTX_set_min_proto_version(ctx, lo if lo > 0 else 0) or \
                 not SSL_CTX_set_max_proto_version(ctx, hi if hi > 0 else 0) or \
-                not SSL_CTX_set_cipher_list(ctx, ciphers):
+                not SSL_CTX_set_cipher_list(ctx, ciphers) or \
+                not SSL_CTX_set_ciphersuites(ctx, suites):
             ERR_clear_error()
             raise ServeError(f"{cert_path}: OpenSSL refused the TLS policy of tls.py")
         SSL_CTX_set_num_tickets(ctx, py.num_tickets)
