@@ -356,7 +356,7 @@ def test_killed_health_checks_leave_no_zombie_and_a_stopped_server_is_unhealthy(
     # Each one killed leaks staticx's unpacked copy in /tmp (~20 MB of the pod's 128 MB
     # tmpfs, where a fourth would no longer unpack): one more reason it is no HEALTHCHECK.
     killed = 0
-    for _ in range(6):  # 3 kills; a check that ends before it is caught is run again
+    for _ in range(12):  # 3 kills; a check that ends before it is caught is run again
         client = subprocess.Popen(["docker", "exec", pod.container, "/orisha", "--health", url],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
