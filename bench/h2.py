@@ -225,7 +225,11 @@ def main() -> None:
     ap.add_argument("--handshakes", type=int, default=400, help="connections per handshake run")
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s (a smoke run, not a result)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))
+    ap.add_argument("--only", default="h1,https,h2,handshakes",
+                    help="the runs to time, comma-separated (a diagnostic: the README's table "
+                         "is all four)")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     if args.quick:
         args.rounds, args.seconds, args.handshakes = 1, 2, 100
     tmp = tempfile.mkdtemp(prefix="orisha-bench-h2-")
@@ -260,9 +264,10 @@ def main() -> None:
             for n in names if rnd % 2 == 0 else names[::-1]:  # interleaved A/B
                 s = servers[n]
                 cells = [(f"{proto} {doc}", s.url(proto, path), runs[proto], warm[proto])
-                         for proto in PROTOCOLS for doc, path in DOCS.items()]
-                for run, url, timed, warm_up in cells + [("handshakes", s.url("h2", DOCS["1 KB"]),
-                                                          hs, None)]:
+                         for proto in PROTOCOLS for doc, path in DOCS.items() if proto in only]
+                if "handshakes" in only:
+                    cells.append(("handshakes", s.url("h2", DOCS["1 KB"]), hs, None))
+                for run, url, timed, warm_up in cells:
                     try:
                         r = measure(s, url, timed, warm_up, limit)
                     except RuntimeError as e:  # a stalled or failing run is reported, not timed
@@ -299,7 +304,7 @@ def report(results: dict, failures: dict, names: list[str], args) -> None:
              + " | ".join(f"CPU ÷ {p} | req/s ÷ {p}" for p in peers) + " |",
              "|---|---|---:|---:|---:|" + "---:|---:|" * len(peers)]
     runs = [f"{p} {d}" for p in PROTOCOLS for d in DOCS] + ["handshakes"]
-    for run in runs:
+    for run in (r for r in runs if r.split()[0] in args.only.split(",")):
         for n in names:
             cell = f"{run}|{n}"
             failed = f" ({len(failures[cell])} of {args.rounds} runs failed: " \

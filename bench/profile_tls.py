@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,14 +33,18 @@ from tlsutil import make_pki  # noqa: E402
 
 
 def worker_pid(supervisor: int) -> int:
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == supervisor:
-                        return int(pid)
-            except OSError:
-                continue
+    """The supervisor's child, once forked (the port answers before the worker exists)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == supervisor:
+                            return int(pid)
+                except OSError:
+                    continue
+        time.sleep(0.05)
     raise RuntimeError("no worker found")
 
 

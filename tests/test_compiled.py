@@ -19,6 +19,8 @@ import sys
 
 import pytest
 from conftest import DEMO, ROOT, Server, orisha
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from httpraw import Conn
 
 from orisha import loops
@@ -305,3 +307,67 @@ def test_an_edit_to_h2_py_after_the_build_runs_the_py(tmp_path):
     assert r.stdout.strip() == "pure", r.stderr
     assert r.stderr.endswith("orisha: the compiled TLS layer needs the compiled HTTP/2 layer; "
                              "using ssl.SSLObject\n"), r.stderr
+
+
+def _pure_core():
+    """connection.py loaded from its source beside the compiled module, under another name."""
+    path = os.path.join(ROOT, "orisha", "core", "connection.py")
+    spec = importlib.util.spec_from_file_location("orisha.core._connection_source", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses and NamedTuples look themselves up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def demo_site(tmp_path_factory):
+    from orisha.server import load_site
+    out = str(tmp_path_factory.mktemp("differential") / "build")
+    subprocess.run([sys.executable, "-m", "orisha.cli", "build", DEMO, "-o", out], check=True,
+                   capture_output=True, cwd=ROOT, timeout=120)
+    return load_site(out)
+
+
+_LINES = [b"GET / HTTP/1.1\r\nHost: a\r\n", b"GET /missing HTTP/1.1\r\nHost: a\r\n",
+          b"HEAD /index.html HTTP/1.1\r\nHost: a\r\nAccept-Encoding: gzip\r\n",
+          b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n", b"GET / HTTP/1.0\r\n",
+          b"GET / HTTP/1.1\nHost: a\n", b"\r\n", b"\r", b"\n", b"\r\n\r\n", b"X: \r\r\n",
+          b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"]
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(st.sampled_from(_LINES) | st.binary(max_size=12), max_size=12),
+       cuts=st.lists(st.integers(1, 40), max_size=8), eof=st.booleans())
+def test_the_compiled_core_frames_every_stream_as_its_source_does(demo_site, parts, cuts, eof):
+    """The compiled core's C helpers (connection.pxd: the end of a head by memchr, slices and
+    list.clear without Python calls) against connection.py itself, on random byte streams cut
+    anywhere: the same bytes out, the same close."""
+    import orisha.core.connection as compiled
+    assert compiled.__file__.endswith(".so")
+    source = _pure_core()
+    assert not source._COMPILED  # the .py: bytes.find, slices, list.clear
+    site = demo_site
+    stream = b"".join(parts)
+    chunks, pos = [], 0
+    for c in cuts:
+        if pos < len(stream):
+            chunks.append(stream[pos:pos + c])
+            pos += c
+    if pos < len(stream):
+        chunks.append(stream[pos:])
+    results = []
+    for module in (compiled, source):
+        app = module.App(site, module.Limits(pipeline=4))
+        conn, out = app.connect(1_764_470_000.0), b""
+        for chunk in chunks + ([b""] if eof else []):
+            if conn.should_close:
+                break
+            conn.receive(chunk, 1_764_470_000.0)
+            while conn.outgoing:
+                data = b"".join(bytes(b) for b in conn.outgoing)
+                out += data
+                conn.sent(len(data), 1_764_470_000.0)
+        results.append((out, conn.should_close, conn.shut_write, conn.buf))
+    assert results[0] == results[1]
+

@@ -3,6 +3,42 @@
 # behaviour. Attributes stay ``public``: the protocol layers and tests read them.
 
 cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from cpython.list cimport PyList_GET_SIZE
+from cpython.ref cimport PyObject
+from libc.string cimport memchr
+
+cdef extern from "Python.h":
+    int PyList_SetSlice(object, Py_ssize_t, Py_ssize_t, PyObject *) except -1  # NULL: delete
+
+cdef bint _COMPILED  # True here: connection.py's hot path calls the helpers below
+cdef Py_ssize_t _REQUESTS, _RESPONSE_BYTES  # the counters' slots, as C integers
+
+
+# connection.py calls these when ``_COMPILED`` (the pure module calls bytes.find, list.clear).
+cdef inline Py_ssize_t _c_find_end(bytes buf, Py_ssize_t limit):
+    """``buf.find(b"\r\n\r\n", 0, limit)``: memchr from LF to LF (a head has a few lines)."""
+    cdef const char *p = PyBytes_AS_STRING(buf)
+    cdef const char *end = p + min(PyBytes_GET_SIZE(buf), limit)
+    cdef const char *q = p + 1  # a candidate LF at q: CR before it, CR LF after it
+    while q + 2 < end:
+        q = <const char *>memchr(q, 10, end - 2 - q)
+        if q == NULL:
+            return -1
+        if q[-1] == 13 and q[1] == 13 and q[2] == 10:
+            return q - 1 - p
+        q += 1
+    return -1
+
+
+cdef inline bytes _c_slice(bytes buf, Py_ssize_t start, Py_ssize_t end):
+    """``buf[start:end]`` for 0 <= start <= end <= len(buf), without a slice object."""
+    return PyBytes_FromStringAndSize(PyBytes_AS_STRING(buf) + start, end - start)
+
+
+cdef inline int _c_clear(list items) except -1:
+    return PyList_SetSlice(items, 0, PyList_GET_SIZE(items), NULL)
+
 
 cdef class App:
     cdef public object site, protocols, routes, limits, publish, log, hosts

@@ -23,6 +23,12 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+try:  # the compiled module's C helpers (connection.pxd); the pure module never calls them
+    import cython
+    _COMPILED = cython.compiled
+except ImportError:  # no Cython installed: the pure module
+    _COMPILED = False
+
 from .dates import format_http_date, parse_http_date
 from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
 from .outgoing import consume
@@ -254,7 +260,10 @@ class Connection:
     def sent(self, n: int, now: float) -> None:
         self.since = now
         if n >= self.out_bytes:  # the common case, inline: everything was written
-            self.out.clear()
+            if _COMPILED:
+                _c_clear(self.out)  # list.clear in C, not a method call by name
+            else:
+                self.out.clear()
             self.out_bytes = 0
         else:
             self.out_bytes = consume(self.out, self.out_bytes, n)
@@ -352,10 +361,11 @@ class Connection:
                 self.buf = buf = buf.lstrip(b"\r\n")
             if not buf:
                 break
-            end = buf.find(b"\r\n\r\n", 0, head_max)
+            # compiled: memmem, not bytes.find's method call and argument parsing
+            end = _c_find_end(buf, head_max) if _COMPILED else buf.find(b"\r\n\r\n", 0, head_max)
             plan = None
             if end >= 0:
-                head = buf[:end]
+                head = _c_slice(buf, 0, end) if _COMPILED else buf[:end]
                 plan = plans.get(head)
                 # A bare-LF end of head before the first CRLFCRLF (RFC 9112 §2.2) is looked
                 # for only when the head is new: a memoised head never contains one (it was
@@ -377,7 +387,10 @@ class Connection:
                 plan = plans.get(head)
             else:
                 rest = end + 4
-            self.buf = buf[rest:]
+            if _COMPILED:  # the whole buffer read, the common case: no copy
+                self.buf = b"" if rest == len(buf) else _c_slice(buf, rest, len(buf))
+            else:
+                self.buf = buf[rest:]
             self.since = now
             answered += 1
             if plan is None:

@@ -56,7 +56,8 @@ cdef class _Conn:
 
 cdef class Loop:
     cdef readonly str name
-    cdef object listener, app, conns, pump
+    cdef object listener, app, pump
+    cdef dict conns  # fd → _Conn: looked up per event at C level
     cdef int lfd, ep, ufd, uwant
     cdef Kinds kinds
 
@@ -90,7 +91,8 @@ cdef class Loop:
         cdef bint accepting = True, paused = False
         cdef _Conn c
         cdef ssize_t got
-        cdef object deadline = None, conns = self.conns, pump = self.pump
+        cdef object deadline = None, pump = self.pump
+        cdef dict conns = self.conns
         self._watch(self.lfd, READ, False)
         if pump is not None:
             self._watch(self.ufd, READ, False)

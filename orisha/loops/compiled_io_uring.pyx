@@ -122,7 +122,8 @@ cdef class _Conn:
 
 cdef class Loop:
     cdef readonly str name
-    cdef object listener, app, conns
+    cdef object listener, app
+    cdef dict conns  # id → _Conn: looked up per completion at C level
     cdef Ring ring_obj
     cdef io_uring *ring
     cdef int lfd

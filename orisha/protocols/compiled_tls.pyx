@@ -35,6 +35,12 @@ from libc.string cimport memcmp
 from libc.stdlib cimport malloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
+from cpython.ref cimport PyObject
+
+cdef extern from "Python.h":
+    int PyList_SetSlice(object, Py_ssize_t, Py_ssize_t, PyObject *) except -1  # NULL: delete
+from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_New
 
 from ..core cimport seam
@@ -57,8 +63,15 @@ cdef bytes PLAIN_400_BODY = _tls.PLAIN_400_BODY
 cdef bytes ACME_ALPN = _tls.ACME_ALPN.encode()
 cdef int HANDSHAKE = 0, OPEN = 1, PLAIN = 2
 cdef char _plain_buf[65536]  # one SSL_read's plaintext (at most _CHUNK), copied out at once
+cdef char _gather_buf[65536]  # small outgoing items gathered for one SSL_write (at most _CHUNK)
 assert _CHUNK <= 65536
 cdef bytes H2 = b"h2"
+# _QUEUE: SSL_get_error reads the thread's OpenSSL error queue, so OpenSSL asks for it to be
+# empty before each SSL_read/SSL_write; ERR_clear_error() before every call cost ~840
+# instructions each (two per HTTPS/1.1 request). The queue is kept empty instead: each
+# failed OpenSSL call of this module is followed by ERR_clear_error() before it returns,
+# and nothing else in a worker shares it (the stdlib's ssl and hashlib clear what they
+# raise; aioquic's and ACME's cryptography bundles its own OpenSSL).
 cdef Kinds _INNER  # the inner connection's kinds: the compiled core's HTTP/1.1 at C level
 kinds_init(&_INNER, None)
 
@@ -297,7 +310,7 @@ cdef class TlsConnection:
     cpdef sent(self, Py_ssize_t n, double now):
         self.since = now
         if n >= self.cipher_bytes:  # all written, the common case: no Python call
-            self.cipher.clear()
+            PyList_SetSlice(self.cipher, 0, PyList_GET_SIZE(self.cipher), NULL)  # .clear(), in C
             self.cipher_bytes = 0
         else:
             self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
@@ -399,6 +412,7 @@ cdef class TlsConnection:
         """Encrypt what the inner connection has, feed it what it wants, until neither moves."""
         cdef object inner = self.inner
         cdef int r, err
+        cdef bint read = False
         cdef bytes data
         while True:
             self._encrypt(now)
@@ -408,7 +422,10 @@ cdef class TlsConnection:
                 break
             if not BIO_ctrl_pending(self.rbio) and not self.eof_in and not SSL_pending(self.ssl):
                 break  # nothing buffered: skip a read that could only want more
-            ERR_clear_error()
+            # No ERR_clear_error() first (OpenSSL's advice; ~840 instructions a call): the
+            # thread's error queue is kept empty instead — every failed call of this module
+            # clears it before it returns (see _QUEUE).
+            read = True
             r = SSL_read(self.ssl, _plain_buf, <int>_CHUNK)
             if r > 0:
                 data = PyBytes_FromStringAndSize(_plain_buf, r)
@@ -441,7 +458,8 @@ cdef class TlsConnection:
                 break
         # What OpenSSL wrote while reading leaves now, not with the next response: the
         # no_renegotiation alert to a TLS 1.2 renegotiation, TLS 1.3 tickets and KeyUpdate.
-        self._flush_tls()
+        if read:
+            self._flush_tls()
         self._settle(now)
 
     # The inner connection's side of the contract: the HTTP/2 layer's own fields and
@@ -466,50 +484,63 @@ cdef class TlsConnection:
             seam.sent(self.calls, self.inner, n, now)
 
     cdef _encrypt(self, double now):
-        cdef object inner = self.inner
+        """As ``tls.TlsConnection._encrypt``, in C: a FileRegion's map in ``_CHUNK`` slices; a
+        large item alone, at most ``_CHUNK``; small items gathered into one record's
+        plaintext (``_gather_buf``) — no slice, list or joined bytes per response."""
         cdef list out = self._outgoing()
-        cdef list parts
-        cdef Py_ssize_t pos, size
+        cdef Py_buffer view
+        cdef Py_ssize_t pos, size, i, n
+        cdef object first, item
+        cdef bint ok
         while out and self.cipher_bytes < _HIGH:
             first = out[0]
-            if first.__class__ is FileRegion:  # encrypted from its map (no kTLS: see the
-                pos = self.region_pos          # Strategy); reported whole, as the seam says
-                chunk = first.view[pos:pos + _CHUNK]
-                if not self._write(chunk):
+            if type(first) is FileRegion:  # encrypted from its map (no kTLS: see the
+                pos = self.region_pos      # Strategy); reported whole, as the seam says
+                PyObject_GetBuffer(first.view, &view, PyBUF_SIMPLE)
+                size = min(view.len - pos, _CHUNK)
+                ok = self._write(<char *>view.buf + pos, size)
+                PyBuffer_Release(&view)
+                if not ok:
                     return
                 self._flush_tls()
-                pos += len(chunk)
+                pos += size
                 self.region_pos = 0 if pos >= first.length else pos
                 self._sent(first.length if pos >= first.length else 0, now)
                 out = self._outgoing()
                 continue
-            if len(first) >= _CHUNK:
-                chunk = memoryview(first)[:_CHUNK]
+            PyObject_GetBuffer(first, &view, PyBUF_SIMPLE)
+            n = PyList_GET_SIZE(out)
+            if view.len >= _CHUNK or n == 1:
+                size = min(view.len, _CHUNK)
+                ok = self._write(<char *>view.buf, size)
+                PyBuffer_Release(&view)
             else:
-                parts, size = [first], len(first)
-                for b in out[1:]:
-                    if b.__class__ is FileRegion or size + len(b) > _CHUNK:
+                size = view.len
+                memcpy(_gather_buf, view.buf, size)
+                PyBuffer_Release(&view)
+                for i in range(1, n):
+                    item = <object>PyList_GET_ITEM(out, i)
+                    if type(item) is FileRegion:
                         break
-                    parts.append(b)
-                    size += len(b)
-                chunk = first if len(parts) == 1 else b"".join(parts)
-            if not self._write(chunk):
+                    PyObject_GetBuffer(item, &view, PyBUF_SIMPLE)
+                    if size + view.len > _CHUNK:
+                        PyBuffer_Release(&view)
+                        break
+                    memcpy(_gather_buf + size, view.buf, view.len)
+                    size += view.len
+                    PyBuffer_Release(&view)
+                ok = self._write(_gather_buf, size)
+            if not ok:
                 return
             self._flush_tls()
-            self._sent(len(chunk), now)
+            self._sent(size, now)
             out = self._outgoing()
 
-    cdef bint _write(self, chunk):
-        cdef Py_buffer view
+    cdef bint _write(self, const char *buf, Py_ssize_t size) except -1:
         cdef int r
-        PyObject_GetBuffer(chunk, &view, PyBUF_SIMPLE)
-        try:
-            if view.len == 0:
-                return True
-            ERR_clear_error()
-            r = SSL_write(self.ssl, view.buf, <int>view.len)
-        finally:
-            PyBuffer_Release(&view)
+        if size == 0:
+            return True
+        r = SSL_write(self.ssl, buf, <int>size)  # no ERR_clear_error() first: see _QUEUE
         if r <= 0:  # the session is over (a peer's bare EOF, a fatal alert)
             ERR_clear_error()
             self._broken()
