@@ -63,7 +63,25 @@ cdef extern from "<openssl/ssl.h>" nogil:
     void SSL_get0_alpn_selected(const SSL *, const unsigned char **, unsigned int *)
     const char *SSL_get_servername(const SSL *, int)
 
+cdef extern from "<openssl/bio.h>":
+    # The write callback holds the GIL (it makes bytes): OpenSSL calls it from SSL_* calls
+    # made with the GIL held.
+    ctypedef int (*bio_write_cb)(BIO *, const char *, int)
+    ctypedef int (*bio_read_cb)(BIO *, char *, int)
+    ctypedef long (*bio_ctrl_cb)(BIO *, int, long, void *)
+
 cdef extern from "<openssl/bio.h>" nogil:
+    int BIO_TYPE_SOURCE_SINK, BIO_CTRL_FLUSH, BIO_CTRL_PENDING, BIO_CTRL_EOF
+    int BIO_get_new_index()
+    BIO_METHOD *BIO_meth_new(int, const char *)
+    int BIO_meth_set_write(BIO_METHOD *, bio_write_cb)
+    int BIO_meth_set_read(BIO_METHOD *, bio_read_cb)
+    int BIO_meth_set_ctrl(BIO_METHOD *, bio_ctrl_cb)
+    void BIO_set_retry_read(BIO *)
+    void BIO_clear_retry_flags(BIO *)
+    void BIO_set_data(BIO *, void *)
+    void *BIO_get_data(BIO *)
+    void BIO_set_init(BIO *, int)
     const BIO_METHOD *BIO_s_mem()
     BIO *BIO_new(const BIO_METHOD *)
     BIO *BIO_new_mem_buf(const void *, int)

@@ -96,6 +96,66 @@ cdef int _select_alpn(SSL *s, const unsigned char **out, unsigned char *outlen,
     return SSL_TLSEXT_ERR_NOACK
 
 
+# The two BIOs of every SSL* are the connection itself (no memory BIO to grow zero-filled,
+# poll with BIO_ctrl_pending and copy through, as ssl.MemoryBIO does): OpenSSL reads the
+# received bytes where the loop body handed them over (``inbuf`` from ``inpos``: at its
+# end, "want read"; after the peer's EOF, EOF), and each record it writes is appended to
+# ``cipher`` as bytes at once. The write never refuses, so SSL_write and the handshake
+# never "want write"; ``_HIGH`` bounds what waits for the socket.
+cdef class TlsConnection  # defined below; its C fields are read by the BIO callbacks
+
+
+cdef int _cipher_in(BIO *b, char *out, int n) noexcept:
+    cdef TlsConnection t = <TlsConnection>BIO_get_data(b)
+    cdef Py_ssize_t left = t.in_left()
+    BIO_clear_retry_flags(b)
+    if left == 0:
+        if t.eof_in:
+            return 0  # the peer's EOF (ssl.MemoryBIO.write_eof)
+        BIO_set_retry_read(b)
+        return -1
+    if n > left:
+        n = <int>left
+    memcpy(out, PyBytes_AS_STRING(t.inbuf) + t.inpos, n)
+    t.inpos += n
+    return n
+
+
+cdef long _cipher_in_ctrl(BIO *b, int cmd, long num, void *ptr) noexcept:
+    cdef TlsConnection t = <TlsConnection>BIO_get_data(b)
+    if cmd == BIO_CTRL_PENDING:
+        return t.in_left()
+    if cmd == BIO_CTRL_EOF:
+        return t.eof_in and not t.in_left()
+    return 1 if cmd == BIO_CTRL_FLUSH else 0
+
+
+cdef int _cipher_out(BIO *b, const char *data, int n) noexcept:
+    cdef TlsConnection t = <TlsConnection>BIO_get_data(b)
+    try:
+        t.cipher.append(PyBytes_FromStringAndSize(data, n))
+    except MemoryError:
+        return -1  # the SSL call fails: the connection breaks (``_broken``)
+    t.cipher_bytes += n
+    return n
+
+
+cdef long _cipher_ctrl(BIO *b, int cmd, long num, void *ptr) noexcept nogil:
+    return 1 if cmd == BIO_CTRL_FLUSH else 0  # nothing is buffered here; nothing else applies
+
+
+cdef BIO_METHOD *_CIPHER_IN = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
+                                           b"orisha received bytes")
+cdef BIO_METHOD *_CIPHER_OUT = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
+                                            b"orisha cipher list")
+if _CIPHER_IN == NULL or _CIPHER_OUT == NULL or \
+        not BIO_meth_set_read(_CIPHER_IN, _cipher_in) or \
+        not BIO_meth_set_ctrl(_CIPHER_IN, _cipher_in_ctrl) or \
+        not BIO_meth_set_write(_CIPHER_OUT, _cipher_out) or \
+        not BIO_meth_set_ctrl(_CIPHER_OUT, _cipher_ctrl):
+    raise MemoryError("BIO_meth_new")
+
+
 cdef class Context:
     """One ``SSL_CTX`` made from an ``ssl.SSLContext`` of ``tls.context`` (see the Strategy)."""
     cdef SSL_CTX *ctx
@@ -228,6 +288,8 @@ cdef class TlsConnection:
     cdef public int state
     cdef public bint refuse, should_close, shut_write, notified, fresh, stopping, ended
     cdef bint started, eof_in, record_sni
+    cdef bytes inbuf       # received, for OpenSSL to read from ``inpos`` (_cipher_in)
+    cdef Py_ssize_t inpos
     cdef H2Connection h2  # ``inner.proto`` once ALPN chose h2: its methods called in C
 
     def __init__(self, app, port, double now, peer, bint refuse):
@@ -239,12 +301,16 @@ cdef class TlsConnection:
         self.state = HANDSHAKE
         self.region_pos = 0
         self.fresh = True
-        self.hello = b""
+        self.hello = self.inbuf = b""
+        self.inpos = 0
         self.record_sni = port.record_sni
         if port.chooses:
             self.port = port  # SSL_new once the ClientHello is whole (``_chosen``)
         else:
             self._new(port.first)
+
+    cdef inline Py_ssize_t in_left(self) noexcept:
+        return len(self.inbuf) - self.inpos
 
     def __dealloc__(self):
         if self.ssl != NULL:
@@ -253,12 +319,14 @@ cdef class TlsConnection:
     cdef _new(self, Context context):
         self.context = context
         self.ssl = SSL_new(context.ctx)
-        self.rbio = BIO_new(BIO_s_mem())
-        self.wbio = BIO_new(BIO_s_mem())
+        self.rbio = BIO_new(_CIPHER_IN)
+        self.wbio = BIO_new(_CIPHER_OUT)
         if self.ssl == NULL or self.rbio == NULL or self.wbio == NULL:
             raise MemoryError("SSL_new")
-        BIO_set_mem_eof_return(self.rbio, -1)  # empty: "want read" (as ssl.MemoryBIO)
-        BIO_set_mem_eof_return(self.wbio, -1)
+        BIO_set_data(self.rbio, <void *>self)  # both freed with the SSL*, in __dealloc__
+        BIO_set_data(self.wbio, <void *>self)
+        BIO_set_init(self.rbio, 1)
+        BIO_set_init(self.wbio, 1)
         SSL_set_bio(self.ssl, self.rbio, self.wbio)
         SSL_set_accept_state(self.ssl)
         SSL_set_mode(self.ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_AUTO_RETRY)
@@ -293,14 +361,17 @@ cdef class TlsConnection:
                 data = self._chosen(data)
                 if not data:  # the rest of the ClientHello is on its way
                     return
-            BIO_write(self.rbio, PyBytes_AS_STRING(data), len(data))
+            if self.inpos < len(self.inbuf):  # bytes OpenSSL has not read yet: keep them
+                self.inbuf = self.inbuf[self.inpos:] + data
+            else:
+                self.inbuf = data
+            self.inpos = 0
         else:
             if self.ssl == NULL:  # EOF before a whole ClientHello: nothing to answer
                 self.state = PLAIN
                 self.should_close = True
                 return
-            BIO_set_mem_eof_return(self.rbio, 0)  # ssl.MemoryBIO.write_eof
-            self.eof_in = True
+            self.eof_in = True  # ssl.MemoryBIO.write_eof: read to the end, then EOF
         self.since = now
         if self.state == HANDSHAKE:
             self._handshake(now)
@@ -329,7 +400,7 @@ cdef class TlsConnection:
             if now - self.since > (limits.send_timeout if self.cipher else LINGER):
                 self.should_close = True
         else:
-            if BIO_ctrl_pending(self.rbio) and now - self.since > limits.head_timeout:
+            if self.in_left() and now - self.since > limits.head_timeout:
                 self.should_close = True  # a record that never completes
                 return
             self.inner.tick(now)
@@ -371,15 +442,6 @@ cdef class TlsConnection:
         self.port, self.hello = None, b""
         return hello
 
-    cdef _flush_tls(self):
-        cdef size_t n = BIO_ctrl_pending(self.wbio)
-        cdef bytes data
-        if n:
-            data = PyBytes_FromStringAndSize(NULL, n)
-            BIO_read(self.wbio, PyBytes_AS_STRING(data), <int>n)
-            self.cipher.append(data)
-            self.cipher_bytes += n
-
     cdef _handshake(self, double now):
         cdef int r
         cdef const unsigned char *proto
@@ -389,12 +451,10 @@ cdef class TlsConnection:
         r = SSL_do_handshake(self.ssl)
         if r != 1:
             if SSL_get_error(self.ssl, r) == SSL_ERROR_WANT_READ:  # the client's next flight
-                self._flush_tls()
-                return
+                return  # (what OpenSSL wrote is in ``cipher`` already: _cipher_out)
             ERR_clear_error()  # a failed handshake: OpenSSL's alert goes out, then we close
             self._broken()
             return
-        self._flush_tls()
         self.state = OPEN
         if self.app.hosts is not None:  # several sites: the SNI's site answers (or 421)
             name = SSL_get_servername(self.ssl, TLSEXT_NAMETYPE_host_name) \
@@ -412,7 +472,6 @@ cdef class TlsConnection:
         """Encrypt what the inner connection has, feed it what it wants, until neither moves."""
         cdef object inner = self.inner
         cdef int r, err
-        cdef bint read = False
         cdef bytes data
         while True:
             self._encrypt(now)
@@ -420,12 +479,11 @@ cdef class TlsConnection:
                 return
             if not self._reading() or self._closing() or self.ended:
                 break
-            if not BIO_ctrl_pending(self.rbio) and not self.eof_in and not SSL_pending(self.ssl):
+            if not self.in_left() and not self.eof_in and not SSL_pending(self.ssl):
                 break  # nothing buffered: skip a read that could only want more
             # No ERR_clear_error() first (OpenSSL's advice; ~840 instructions a call): the
             # thread's error queue is kept empty instead — every failed call of this module
             # clears it before it returns (see _QUEUE).
-            read = True
             r = SSL_read(self.ssl, _plain_buf, <int>_CHUNK)
             if r > 0:
                 data = PyBytes_FromStringAndSize(_plain_buf, r)
@@ -456,10 +514,9 @@ cdef class TlsConnection:
                 self.ended = True  # the peer's EOF reached the inner connection once
                 self._encrypt(now)
                 break
-        # What OpenSSL wrote while reading leaves now, not with the next response: the
-        # no_renegotiation alert to a TLS 1.2 renegotiation, TLS 1.3 tickets and KeyUpdate.
-        if read:
-            self._flush_tls()
+        # What OpenSSL wrote while reading (the no_renegotiation alert to a TLS 1.2
+        # renegotiation, TLS 1.3 tickets and KeyUpdate) is in ``cipher`` already: it leaves
+        # now, not with the next response.
         self._settle(now)
 
     # The inner connection's side of the contract: the HTTP/2 layer's own fields and
@@ -502,7 +559,6 @@ cdef class TlsConnection:
                 PyBuffer_Release(&view)
                 if not ok:
                     return
-                self._flush_tls()
                 pos += size
                 self.region_pos = 0 if pos >= first.length else pos
                 self._sent(first.length if pos >= first.length else 0, now)
@@ -532,7 +588,6 @@ cdef class TlsConnection:
                 ok = self._write(_gather_buf, size)
             if not ok:
                 return
-            self._flush_tls()
             self._sent(size, now)
             out = self._outgoing()
 
@@ -549,8 +604,8 @@ cdef class TlsConnection:
 
     cdef _broken(self):
         """The session can carry no more records: what is encrypted goes out (OpenSSL's
-        alert, if any), then input drains until EOF and the connection closes."""
-        self._flush_tls()
+        alert, if any: in ``cipher`` already), then input drains until EOF and the
+        connection closes."""
         self.state = PLAIN
         self.should_close = not self.cipher
 
@@ -563,7 +618,6 @@ cdef class TlsConnection:
             ERR_clear_error()
             SSL_shutdown(self.ssl)  # queues close_notify (RFC 8446 §6.1); the peer's is not awaited
             ERR_clear_error()
-            self._flush_tls()
         if not self.cipher:
             if self._closing():
                 self.should_close = True
