@@ -326,7 +326,7 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
     if len(certs) != len(keys) or not all(certs) or not all(keys):
         raise ServeError("--tls-cert and --tls-key go together (one key per certificate)")
     from .protocols import tls  # ssl is imported only by a server that speaks TLS
-    print(f"orisha: {tls.probe_ktls()}; TLS in user space over memory BIOs ({tls_layer()})",
+    print(f"orisha: {tls.probe_ktls()}; TLS in user space over in-memory BIOs ({tls_layer()})",
           file=sys.stderr)
     return lambda: tls.Tls(tls.by_sni([(c, tls.context(c, k, minimum))
                                        for c, k in zip(certs, keys)]))

@@ -6,8 +6,8 @@ Strategy is this module's too, step for step: the plain-HTTP 400, the handshake
 and incomplete-record timeouts, close_notify, the flush after reads, ``_HIGH``
 and ``_CHUNK``, FileRegions encrypted from the map, the graceful stop, ALPN h2,
 ``refuse``, the ACME TLS-ALPN-01 and SNI context choice, ``app.view(sni)``); only
-the calls differ: one ``SSL*`` per connection over two memory BIOs, and
-``SSL_do_handshake``/``SSL_read``/``SSL_write`` called from C, with no Python
+the calls differ: one ``SSL*`` per connection over two BIOs in memory (its own: see
+``_cipher_in``), and ``SSL_do_handshake``/``SSL_read``/``SSL_write`` called from C, with no Python
 object per record and no exception per "want read". Once ALPN chose h2, the
 decrypted bytes go to the compiled ``H2Connection`` and its output is taken from
 it by C calls (``self.h2``: cimported from h2.pxd), not through ``H2Front``'s

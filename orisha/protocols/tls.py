@@ -187,7 +187,7 @@ def probe_ktls() -> str:
         return f"kTLS off: no {ULP} (not Linux)"
     if "tls" not in ulps:
         return f"kTLS off: the kernel offers no 'tls' ULP (has: {' '.join(ulps) or 'none'})"
-    return "kTLS off: TLS runs over memory BIOs (OpenSSL enables kTLS on socket BIOs only)"
+    return "kTLS off: TLS runs over in-memory BIOs (OpenSSL enables kTLS on socket BIOs only)"
 
 
 ACME_ALPN = "acme-tls/1"  # RFC 8737 §6.2: the validator offers this protocol alone
