@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from conftest import DEMO, TEST_LIMITS, demo_file, orisha
-from httpraw import Conn, read_to_close
+from httpraw import Conn, read_to_close, split_responses
 from tlsutil import (_stop_servers, client_context, hosted, pki, serve, tls_connect,  # noqa: F401
                      h2c_port, tls_port, tls_server)
 
@@ -158,6 +158,24 @@ def test_a_truncated_record_ends_the_connection(tls_port, pki, eof):
         pass
     sock.close()
     s.close()
+
+
+def test_pipelined_requests_in_many_records_under_a_backed_up_response(tls_port, pki):
+    """40 HTTPS/1.1 requests, each its own TLS record, sent at once behind a 1.2 MB body:
+    the server stops decrypting while that body waits for the socket and must keep the
+    records it has not read yet (the compiled layer's read BIO holds them where the loop
+    body left them, read from ``inpos`` on); every response comes, whole, in order."""
+    s = tls_connect(tls_port, client_context(pki, ("http/1.1",)), timeout=30)
+    paths = ["/files/big.txt"] + ["/css/site.css", "/img/pixel.png", "/nope"] * 13
+    for i, path in enumerate(paths):
+        last = b"Connection: close\r\n" if i == len(paths) - 1 else b""
+        s.sendall(b"GET %s HTTP/1.1\r\nHost: localhost\r\n%s\r\n" % (path.encode(), last))
+    data = read_to_close(s, (ConnectionResetError, ssl.SSLEOFError))
+    s.close()
+    got = split_responses(data)
+    assert [status for status, _, _ in got] == [200] + [200, 200, 404] * 13
+    assert got[0][2] == demo_file("files/big.txt")
+    assert got[1][2] == demo_file("css/site.css") and got[2][2] == demo_file("img/pixel.png")
 
 
 @pytest.mark.parametrize("which", ["cert", "key", "pair", "missing"])
