@@ -349,7 +349,7 @@ def test_memoised_header_blocks_follow_the_dynamic_table(site, path):
 
 def test_a_first_block_decoded_once_per_worker_adds_its_entries_on_every_connection(site):
     """A connection's first header block, decoded against the pristine table, is memoised
-    per worker (h2._decoded); a second connection's copy of it must still add its entries
+    per worker (h2._first_block); a second connection's copy of it must still add its entries
     to that connection's table: its next block refers to them (dynamic index 62)."""
     from orisha.protocols import h2 as layer
     first = b"\x82\x84\x86\x41\x07example" + b"\x50\x02br"  # :authority, accept-encoding
