@@ -349,18 +349,22 @@ def test_memoised_header_blocks_follow_the_dynamic_table(site, path):
 
 def test_a_first_block_decoded_once_per_worker_adds_its_entries_on_every_connection(site):
     """A connection's first header block, decoded against the pristine table, is memoised
-    per worker (h2._decoded); a second connection's copy of it must still add its entries
+    per worker (h2._first_block); a second connection's copy of it must still add its entries
     to that connection's table: its next block refers to them (dynamic index 62)."""
     from orisha.protocols import h2 as layer
     first = b"\x82\x84\x86\x41\x07example" + b"\x50\x02br"  # :authority, accept-encoding
     again = b"\x82\x84\x86\xbf\xbe"                            # both by dynamic index
     data = b"".join(frame(HEADERS, 0x5, sid, b) for sid, b in ((1, first), (3, again)))
+    from hpack import Decoder
+    decoded = Decoder()
+    decoded.decode(first)
     layer._FIRST.clear()
     for _ in range(2):  # the second connection's first block is the memo's
         out, conn = raw(site, data)
         table = conn.proto.decoder.header_table
         assert [bytes(n) for n, _ in table.dynamic_entries] == [b"accept-encoding", b":authority"]
-        from hpack import Decoder
+        # the whole table as decoding leaves it (what decides its evictions: its size count)
+        assert vars(table) == vars(decoded.header_table)
         d = Decoder()
         blocks = [dict(d.decode(p)) for t, _, s, p in read_frames(out) if t == HEADERS]
         assert [b.get("content-encoding") for b in blocks if b.get(":status") != "103"] \

@@ -136,6 +136,7 @@ def _framed(ftype: int, flags: int, sid: int, payload: bytes, tail: bytes,
 
 _SETTINGS_ACK = _frame(0, SETTINGS, ACK, 0)
 _BLOCKS = Blocks()
+_OUR_SETTINGS: dict = {}  # header-list limit → our first SETTINGS frame (H2Connection)
 # The one per-second part of a header block: the second, its HPACK date field.
 _date_second, _date_bytes = -1, b""
 
@@ -235,9 +236,12 @@ class H2Connection:
         self.last_id = 0
         self.hdr: _Block | None = None  # a header block still awaiting CONTINUATION
         self.calm = _CALM_MAX
-        self.out.append(_frame(12, SETTINGS, 0, 0) + _SETTING(3, MAX_STREAMS)
-                        + _SETTING(6, app.limits.head))
-        self.out_bytes = len(self.out[0])
+        settings = _OUR_SETTINGS.get(self.head_max)  # the same frame for every connection
+        if settings is None:
+            settings = _OUR_SETTINGS[self.head_max] = (
+                _frame(12, SETTINGS, 0, 0) + _SETTING(3, MAX_STREAMS) + _SETTING(6, self.head_max))
+        self.out.append(settings)
+        self.out_bytes = len(settings)
 
     # -- the loop body's side of the contract ---------------------------------
     @property
@@ -576,12 +580,10 @@ class H2Connection:
         entries = table.dynamic_entries  # newest first: a new entry is a new tuple at [0]
         before = (len(entries), entries[0] if entries else None, table.maxsize)
         try:
-            fields = _decoded(self.decoder, block)
+            pair = _first_block(self.decoder, block)
         except HPACKError:  # a decoding error, a table-size violation or an HPACK bomb: the
             self._fail(Error.COMPRESSION_ERROR)  # shared table is now unusable (§4.3)
             return None
-        head, line = _synthetic_head(fields)
-        pair = (head, line, _declared(head))
         first = entries[0] if entries else None
         if (len(entries), table.maxsize) != (before[0], before[2]) or first is not before[1]:
             memo.clear()
@@ -840,37 +842,46 @@ def _pseudo(fields) -> bool:
     return any(name[:1] == b":" for name, _ in fields)
 
 
-_FIRST_MAX = 64  # header blocks memoised per worker against a pristine table (``_decoded``)
+_FIRST_MAX = 64  # header blocks memoised per worker against a pristine table (``_first_block``)
 _FIRST_BLOCK_MAX = 1024  # longer blocks are decoded every time (at most ~64 KiB memoised)
-_FIRST: dict = {}  # (block, header-list bound) → (fields, the entries it added, oldest first)
+_FIRST: dict = {}  # (block, header-list bound) → (_decode's triple, the entries it left, their size)
 
 
-def _decoded(decoder: Decoder, block: bytes) -> list:
-    """``decoder.decode(block, raw=True)``, memoised per worker where the dynamic table is
-    still pristine (empty, at its default size: a connection's first block, or the
-    first after a table change emptied it). From that state a block decodes to the same
-    fields and adds the same entries whatever the connection, and every new connection
-    of a client sends the same first block (h2load, a browser: its ``:authority``,
-    ``user-agent``…, Huffman-coded literals). The ``hpack`` library decodes Huffman in
-    Python: ~150-300 µs per new connection, a third of the CPU of a full TLS handshake
-    with one h2 request (measured: 1,050 µs against nginx's 775). A hit replays the
-    entries the block added with ``HeaderTable.add``; a block with a size update (the
-    table no longer at its default size), a long block or a decoding error is not kept."""
+def _first_block(decoder: Decoder, block: bytes) -> tuple:
+    """``_decode``'s (head, log line, declared content-length) for ``block``, memoised per
+    worker where the dynamic table is still pristine (empty, at its default size: a
+    connection's first block, or the first after a table change emptied it). From that
+    state a block decodes to the same fields and adds the same entries whatever the
+    connection, and every new connection of a client sends the same first block (h2load,
+    a browser: its ``:authority``, ``user-agent``…, Huffman-coded literals). The ``hpack``
+    library decodes Huffman in Python: ~150-300 µs per new connection, a third of the CPU
+    of a full TLS handshake with one h2 request (measured: 1,050 µs against nginx's 775);
+    the synthetic head and its checks (``_synthetic_head``, ``_declared``: regular
+    expressions) are the same for the same fields, ~30k instructions more per connection
+    (callgrind). A hit puts back the table the decoding left: its entries (newest first)
+    and the size ``HeaderTable.add`` counted for them (``_current_size``: the ``hpack``
+    table's own count, which decides its evictions; tests/test_h2.py compares the whole
+    table with a decoded one), without a Python call per entry (a browser's first block
+    adds ten or so). A block with a size update (the table no longer at its default size),
+    a long block or a decoding error (HPACKError, raised) is not kept."""
     table = decoder.header_table
-    if table.dynamic_entries or table.maxsize != HeaderTable.DEFAULT_SIZE:
-        return decoder.decode(block, raw=True)
-    key = (block, decoder.max_header_list_size)
-    hit = _FIRST.get(key)
-    if hit is not None:
-        for name, value in hit[1]:
-            table.add(name, value)
-        return hit[0]
+    pristine = not table.dynamic_entries and table.maxsize == HeaderTable.DEFAULT_SIZE
+    if pristine:
+        key = (block, decoder.max_header_list_size)
+        hit = _FIRST.get(key)
+        if hit is not None:
+            if hit[1]:
+                table.dynamic_entries.extend(hit[1])
+                table._current_size = hit[2]
+            return hit[0]
     fields = decoder.decode(block, raw=True)
-    if table.maxsize == HeaderTable.DEFAULT_SIZE and len(block) <= _FIRST_BLOCK_MAX:
+    head, line = _synthetic_head(fields)
+    pair = (head, line, _declared(head))
+    if pristine and table.maxsize == HeaderTable.DEFAULT_SIZE and len(block) <= _FIRST_BLOCK_MAX:
         if len(_FIRST) >= _FIRST_MAX:
             _FIRST.clear()
-        _FIRST[key] = (fields, tuple(reversed(table.dynamic_entries)))
-    return fields
+        _FIRST[key] = (pair, tuple(table.dynamic_entries), table._current_size)
+    return pair
 
 
 def _synthetic_head(fields) -> tuple[bytes | None, bytes]:
