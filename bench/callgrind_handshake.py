@@ -40,25 +40,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import bench as B  # noqa: E402
-from tlsutil import make_pki  # noqa: E402
+import h2 as H2  # noqa: E402  (bench/h2.py)
 
-NGINX_CONF = """
-master_process off;
-daemon off;
-error_log {dir}/error.log warn;
-pid {dir}/nginx.pid;
-events {{ worker_connections 8192; }}
-http {{
-  access_log off;
-  sendfile on; tcp_nopush on; tcp_nodelay on;
-  open_file_cache max=1000 inactive=60s; open_file_cache_valid 600s;
-  gzip_static on;
-  types {{ text/html html; }}
-  ssl_certificate {cert}; ssl_certificate_key {key};
-  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_tickets on;
-  server {{ listen 127.0.0.1:{port} ssl http2; root {root}; }}
-}}
-"""
+# bench/h2.py's nginx (the same site, certificate and TLS settings) as one process: the
+# worker is the process callgrind counts.
+NGINX_CONF = H2.NGINX_CONF.replace("worker_processes 1;", "master_process off;")
 
 
 def run(server: str, n: int, tmp: str, build: str, root: str, pki) -> dict[str, int]:
@@ -69,7 +55,8 @@ def run(server: str, n: int, tmp: str, build: str, root: str, pki) -> dict[str, 
     if server == "nginx":
         conf = os.path.join(out, "nginx.conf")
         with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(dir=out, port=port, root=root, cert=pki.chain, key=pki.key))
+            f.write(NGINX_CONF.format(dir=out, port=port, plain=B.free_port(), root=root,
+                                      cert=pki.chain, key=pki.key))
         cmd = [*vg, "nginx", "-c", conf, "-e", os.path.join(out, "error.log")]
     else:
         cmd = [*vg, sys.executable, "-m", "orisha.cli", "serve", build, "--workers", "1",
@@ -140,17 +127,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = args.keep or tempfile.mkdtemp(prefix="orisha-cg-")
     os.makedirs(tmp, exist_ok=True)
-    os.chmod(tmp, 0o755)
-    site, build, root = (os.path.join(tmp, d) for d in ("site", "build", "root"))
-    B.make_site(site)
-    subprocess.run([sys.executable, "-m", "orisha.cli", "build", site, "-o", build], check=True,
-                   capture_output=True, cwd=ROOT)
-    os.makedirs(root)
-    os.chmod(root, 0o755)
-    B.export_for_nginx(build, root)
-    pki = make_pki(os.path.join(tmp, "pki"))
-    os.chmod(os.path.dirname(pki.key), 0o755)
-    os.chmod(pki.key, 0o644)
+    build, root, pki = H2.prepare(tmp)
     d = args.large - args.small
     try:
         for server in args.servers.split(","):

@@ -215,6 +215,23 @@ def verify(servers: dict[str, Server], ca: str, tmp: str) -> None:
           f"({', '.join(PROTOCOLS)} x {', '.join(DOCS)})", flush=True)
 
 
+def prepare(tmp: str):
+    """The site built into ``tmp``, exported for the peers, and the test certificate, all
+    readable by nginx's workers (www-data) and H2O (nobody): (build, root, pki)."""
+    os.chmod(tmp, 0o755)
+    site, build, root = (os.path.join(tmp, d) for d in ("site", "build", "root"))
+    B.make_site(site)
+    subprocess.run([sys.executable, "-m", "orisha.cli", "build", site, "-o", build], check=True,
+                   capture_output=True, cwd=ROOT)
+    os.makedirs(root)
+    os.chmod(root, 0o755)
+    B.export_for_nginx(build, root)  # Orisha's own variants, as files, for both peers
+    pki = make_pki(os.path.join(tmp, "pki"))
+    os.chmod(os.path.dirname(pki.key), 0o755)
+    os.chmod(pki.key, 0o644)
+    return build, root, pki
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=5)
@@ -234,17 +251,7 @@ def main() -> None:
     if args.quick:
         args.rounds, args.seconds, args.handshakes = 1, 2, 100
     tmp = tempfile.mkdtemp(prefix="orisha-bench-h2-")
-    os.chmod(tmp, 0o755)  # nginx workers run as www-data, H2O as nobody
-    site, build, root = (os.path.join(tmp, d) for d in ("site", "build", "root"))
-    B.make_site(site)
-    subprocess.run([sys.executable, "-m", "orisha.cli", "build", site, "-o", build], check=True,
-                   capture_output=True, cwd=ROOT)
-    os.makedirs(root)
-    os.chmod(root, 0o755)
-    B.export_for_nginx(build, root)  # Orisha's own variants, as files, for both peers
-    pki = make_pki(os.path.join(tmp, "pki"))
-    os.chmod(os.path.dirname(pki.key), 0o755)
-    os.chmod(pki.key, 0o644)
+    build, root, pki = prepare(tmp)
     names = [f"orisha:{loop}" for loop in args.loops.split(",")] + \
         [p for p in args.peers.split(",") if p]
     servers: dict[str, Server] = {}
