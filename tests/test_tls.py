@@ -279,6 +279,42 @@ def test_any_bytes_on_the_tls_port_end_in_an_alert_or_a_close(builds, pki, layer
     assert app.open == 0
 
 
+def test_an_idle_compiled_tls_connection_keeps_no_received_bytes(builds, pki):
+    """Sans-I/O, the compiled layer: after the handshake and a request, OpenSSL has read
+    everything it was handed, and the connection holds none of it while it waits (its read
+    BIO reads the received bytes in place: they must not stay referenced — up to 64 KiB a
+    connection)."""
+    from orisha.core.connection import App
+    from orisha.protocols import tls
+    if tls.Tls is tls.PureTls:
+        pytest.skip("the compiled TLS layer is not built")
+    app = App(_site(builds), protocols=tls.Tls(_context(pki)))
+    conn = app.connect(1.0, "-")
+    cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context(pki, ("http/1.1",)).wrap_bio(cin, cout, server_hostname="localhost")
+
+    def exchange():
+        out = cout.read()
+        if out:
+            conn.receive(out, 1.0)
+        data = b"".join(bytes(b) for b in conn.outgoing)
+        conn.sent(len(data), 1.0)
+        cin.write(data)
+
+    for _ in range(4):
+        try:
+            client.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        exchange()
+    assert conn.inbuf == b""
+    client.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"p" * 3000 + b"\r\n\r\n")
+    exchange()
+    assert client.read(12) == b"HTTP/1.1 200"
+    assert conn.inbuf == b"" and not conn.should_close
+    conn.close()
+
+
 _cache: dict = {}
 
 

@@ -288,7 +288,7 @@ cdef class TlsConnection:
     cdef public int state
     cdef public bint refuse, should_close, shut_write, notified, fresh, stopping, ended
     cdef bint started, eof_in, record_sni
-    cdef bytes inbuf       # received, for OpenSSL to read from ``inpos`` (_cipher_in)
+    cdef readonly bytes inbuf  # received, for OpenSSL to read from ``inpos`` (_cipher_in)
     cdef Py_ssize_t inpos
     cdef H2Connection h2  # ``inner.proto`` once ALPN chose h2: its methods called in C
 
@@ -311,6 +311,12 @@ cdef class TlsConnection:
 
     cdef inline Py_ssize_t in_left(self) noexcept:
         return len(self.inbuf) - self.inpos
+
+    cdef inline void _read_all(self) noexcept:
+        """OpenSSL has read all that came: the bytes go (an idle connection keeps none)."""
+        if self.inpos and self.inpos >= len(self.inbuf):
+            self.inbuf = b""
+            self.inpos = 0
 
     def __dealloc__(self):
         if self.ssl != NULL:
@@ -375,6 +381,7 @@ cdef class TlsConnection:
         self.since = now
         if self.state == HANDSHAKE:
             self._handshake(now)
+            self._read_all()
         if self.state == OPEN:
             self._work(now)
 
@@ -517,6 +524,7 @@ cdef class TlsConnection:
         # What OpenSSL wrote while reading (the no_renegotiation alert to a TLS 1.2
         # renegotiation, TLS 1.3 tickets and KeyUpdate) is in ``cipher`` already: it leaves
         # now, not with the next response.
+        self._read_all()
         self._settle(now)
 
     # The inner connection's side of the contract: the HTTP/2 layer's own fields and
