@@ -248,19 +248,7 @@ def test_any_bytes_on_the_tls_port_end_in_an_alert_or_a_close(builds, pki, layer
     app = App(_site(builds), protocols=(tls.PureTls if layer == "pure" else tls.Tls)(_context(pki)))
     conn = app.connect(1.0, "-")
     if handshake_first:
-        cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
-        client = client_context(pki, ("h2",)).wrap_bio(cin, cout, server_hostname="localhost")
-        for _ in range(4):
-            try:
-                client.do_handshake()
-            except ssl.SSLWantReadError:
-                pass
-            out = cout.read()
-            if out:
-                conn.receive(out, 1.0)
-            data = b"".join(bytes(b) for b in conn.outgoing)
-            conn.sent(len(data), 1.0)
-            cin.write(data)
+        _client(conn, pki, "h2")
     for chunk in chunks:
         if conn.should_close:
             break
@@ -290,8 +278,20 @@ def test_an_idle_compiled_tls_connection_keeps_no_received_bytes(builds, pki):
         pytest.skip("the compiled TLS layer is not built")
     app = App(_site(builds), protocols=tls.Tls(_context(pki)))
     conn = app.connect(1.0, "-")
+    client, exchange = _client(conn, pki, "http/1.1")
+    assert conn.inbuf == b""
+    client.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"p" * 3000 + b"\r\n\r\n")
+    exchange()
+    assert client.read(12) == b"HTTP/1.1 200"
+    assert conn.inbuf == b"" and not conn.should_close
+    conn.close()
+
+
+def _client(conn, pki, alpn: str):
+    """A client ``ssl.SSLObject`` over memory BIOs, its handshake with the sans-I/O ``conn``
+    done: (the client, ``exchange()`` — one round of bytes each way)."""
     cin, cout = ssl.MemoryBIO(), ssl.MemoryBIO()
-    client = client_context(pki, ("http/1.1",)).wrap_bio(cin, cout, server_hostname="localhost")
+    client = client_context(pki, (alpn,)).wrap_bio(cin, cout, server_hostname="localhost")
 
     def exchange():
         out = cout.read()
@@ -307,12 +307,7 @@ def test_an_idle_compiled_tls_connection_keeps_no_received_bytes(builds, pki):
         except ssl.SSLWantReadError:
             pass
         exchange()
-    assert conn.inbuf == b""
-    client.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"p" * 3000 + b"\r\n\r\n")
-    exchange()
-    assert client.read(12) == b"HTTP/1.1 200"
-    assert conn.inbuf == b"" and not conn.should_close
-    conn.close()
+    return client, exchange
 
 
 _cache: dict = {}

@@ -361,7 +361,7 @@ class Connection:
                 self.buf = buf = buf.lstrip(b"\r\n")
             if not buf:
                 break
-            # compiled: memmem, not bytes.find's method call and argument parsing
+            # compiled: memchr (connection.pxd), not bytes.find's method call and argument parsing
             end = _c_find_end(buf, head_max) if _COMPILED else buf.find(b"\r\n\r\n", 0, head_max)
             plan = None
             if end >= 0:

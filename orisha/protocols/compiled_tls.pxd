@@ -1,6 +1,6 @@
 # The OpenSSL declarations compiled_tls.pyx uses (libssl, libcrypto: Debian's libssl-dev).
 # Several are macros in the headers (SSL_CTX_set_min_proto_version, SSL_CTX_add0_chain_cert,
-# SSL_CTX_set_mode, BIO_set_mem_eof_return…): declared as functions, expanded by the compiler.
+# SSL_CTX_set_mode, BIO_set_retry_read…): declared as functions, expanded by the compiler.
 
 from libc.stdint cimport uint64_t
 
@@ -82,14 +82,9 @@ cdef extern from "<openssl/bio.h>" nogil:
     void BIO_set_data(BIO *, void *)
     void *BIO_get_data(BIO *)
     void BIO_set_init(BIO *, int)
-    const BIO_METHOD *BIO_s_mem()
     BIO *BIO_new(const BIO_METHOD *)
     BIO *BIO_new_mem_buf(const void *, int)
     int BIO_free(BIO *)
-    int BIO_write(BIO *, const void *, int)
-    int BIO_read(BIO *, void *, int)
-    size_t BIO_ctrl_pending(BIO *)
-    long BIO_set_mem_eof_return(BIO *, long)
 
 cdef extern from "<openssl/pem.h>" nogil:
     X509 *PEM_read_bio_X509_AUX(BIO *, X509 **, pem_password_cb, void *)

@@ -36,14 +36,11 @@ from libc.stdlib cimport malloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
-from cpython.ref cimport PyObject
-
-cdef extern from "Python.h":
-    int PyList_SetSlice(object, Py_ssize_t, Py_ssize_t, PyObject *) except -1  # NULL: delete
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_New
 
 from ..core cimport seam
+from ..core.connection cimport _c_clear  # list.clear in C (the core's helper)
 from ..core.seam cimport Calls, Kinds, ORISHA_CALLS, calls_of, kinds_init
 
 from ..blob import FileRegion
@@ -388,7 +385,7 @@ cdef class TlsConnection:
     cpdef sent(self, Py_ssize_t n, double now):
         self.since = now
         if n >= self.cipher_bytes:  # all written, the common case: no Python call
-            PyList_SetSlice(self.cipher, 0, PyList_GET_SIZE(self.cipher), NULL)  # .clear(), in C
+            _c_clear(self.cipher)
             self.cipher_bytes = 0
         else:
             self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
