@@ -49,7 +49,9 @@ cdef class App:
     cdef public object log_lines
     cdef public dict plans
     cdef public Py_ssize_t _second
+    cdef readonly Py_ssize_t pipeline, head_scan
     cdef public tuple _tails
+    @cython.locals(second=Py_ssize_t)
     cpdef tuple tails(self, double now)
     cpdef tuple plan(self, bytes head)
 

@@ -123,6 +123,9 @@ class App:
         self.protocols = protocols
         self.routes = site.routes
         self.limits = limits or Limits()
+        # what every request reads of the limits (C integers where compiled: connection.pxd):
+        # the pipeline bound and how far to look for a head's end (the head limit + CRLFCRLF)
+        self.pipeline, self.head_scan = self.limits.pipeline, self.limits.head + 4
         self.open = 0
         self.stats = [0] * STATS_SLOTS
         # Several sites: each one's request counters (``Stat`` slots; its connections are the
@@ -343,10 +346,9 @@ class Connection:
 
     def _process(self, now: float) -> None:
         app = self.app
-        limits = app.limits
         plans = app.plans
         tails = app.tails(now)
-        pipeline, head_max = limits.pipeline, limits.head + 4
+        pipeline, head_max = app.pipeline, app.head_scan
         answered = 0
         while not self.close_after and answered < pipeline:
             buf = self.buf
@@ -378,8 +380,8 @@ class Connection:
                 if m is None:
                     if cannot_begin(buf, head_max):  # e.g. a TLS ClientHello: no wait
                         self._emit(_error_plan(400), tails, buf[:200], now)
-                    elif len(buf) > limits.head:
-                        status = 414 if b"\n" not in buf[:limits.head] else 431
+                    elif len(buf) > app.limits.head:
+                        status = 414 if b"\n" not in buf[:app.limits.head] else 431
                         self._emit(_error_plan(status), tails, buf[:200], now)
                     break
                 end, rest = m.start(), m.end()

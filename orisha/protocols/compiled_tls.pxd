@@ -54,6 +54,7 @@ cdef extern from "<openssl/ssl.h>" nogil:
     void SSL_set_bio(SSL *, BIO *, BIO *)
     void SSL_set_accept_state(SSL *)
     long SSL_set_mode(SSL *, long)
+    int SSL_free_buffers(SSL *)
     int SSL_do_handshake(SSL *)
     int SSL_read(SSL *, void *, int)
     int SSL_write(SSL *, const void *, int)

@@ -33,7 +33,7 @@ a changed certificate file, ACME) makes new ones with the new certificates.
 
 from libc.string cimport memcmp
 from libc.stdlib cimport malloc, free
-from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from libc.string cimport memcpy
@@ -59,6 +59,11 @@ cdef bytes PLAIN_400_HEAD = _tls.PLAIN_400_HEAD
 cdef bytes PLAIN_400_BODY = _tls.PLAIN_400_BODY
 cdef bytes ACME_ALPN = _tls.ACME_ALPN.encode()
 cdef int HANDSHAKE = 0, OPEN = 1, PLAIN = 2
+# A connection's record buffers (~34 KB: one for reading, one for writing) stay while it is busy
+# (SSL_MODE_RELEASE_BUFFERS, the stdlib's choice, frees and allocates both for every request:
+# ~1.2k instructions of an HTTPS/1.1 request) and go once it has been idle this long, at its tick
+# (about once a second): an idle keep-alive connection holds no more than with that mode.
+cdef double _IDLE_BUFFERS = 1.0
 cdef char _plain_buf[65536]  # one SSL_read's plaintext (at most _CHUNK), copied out at once
 cdef char _gather_buf[65536]  # small outgoing items gathered for one SSL_write (at most _CHUNK)
 assert _CHUNK <= 65536
@@ -99,6 +104,17 @@ cdef int _select_alpn(SSL *s, const unsigned char **out, unsigned char *outlen,
 # end, "want read"; after the peer's EOF, EOF), and each record it writes is appended to
 # ``cipher`` as bytes at once. The write never refuses, so SSL_write and the handshake
 # never "want write"; ``_HIGH`` bounds what waits for the socket.
+cdef inline bint _span(object item, Py_buffer *view) except -1:
+    """``item``'s bytes as ``view.buf`` and ``view.len``: a bytes object's own, nothing to
+    release (False: heads and tails are bytes), any other buffer exported (True: release it)."""
+    if type(item) is bytes:
+        view.buf = PyBytes_AS_STRING(item)
+        view.len = PyBytes_GET_SIZE(item)
+        return False
+    PyObject_GetBuffer(item, view, PyBUF_SIMPLE)
+    return True
+
+
 cdef class TlsConnection  # defined below; its C fields are read by the BIO callbacks
 
 
@@ -183,7 +199,6 @@ cdef class Context:
             ERR_clear_error()
             raise ServeError(f"{cert_path}: OpenSSL refused the TLS policy of tls.py")
         SSL_CTX_set_num_tickets(ctx, py.num_tickets)
-        SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS)  # as the stdlib's contexts
         SSL_CTX_set_session_id_context(ctx, <const unsigned char *>b"orisha", 6)
         SSL_CTX_set_alpn_select_cb(ctx, _select_alpn, &self.alpn)
         self._certificate(cert_path, cert_pem, key_path, key_pem)
@@ -407,6 +422,8 @@ cdef class TlsConnection:
             if self.in_left() and now - self.since > limits.head_timeout:
                 self.should_close = True  # a record that never completes
                 return
+            if not self.cipher and now - self.since >= _IDLE_BUFFERS:
+                SSL_free_buffers(self.ssl)  # refused (0) while a record is half read
             self.inner.tick(now)
             self._work(now)
 
@@ -553,7 +570,7 @@ cdef class TlsConnection:
         cdef Py_buffer view
         cdef Py_ssize_t pos, size, i, n
         cdef object first, item
-        cdef bint ok
+        cdef bint ok, held, fits
         while out and self.cipher_bytes < _HIGH:
             first = out[0]
             if type(first) is FileRegion:  # encrypted from its map (no kTLS: see the
@@ -569,27 +586,31 @@ cdef class TlsConnection:
                 self._sent(first.length if pos >= first.length else 0, now)
                 out = self._outgoing()
                 continue
-            PyObject_GetBuffer(first, &view, PyBUF_SIMPLE)
+            held = _span(first, &view)
             n = PyList_GET_SIZE(out)
             if view.len >= _CHUNK or n == 1:
                 size = min(view.len, _CHUNK)
                 ok = self._write(<char *>view.buf, size)
-                PyBuffer_Release(&view)
+                if held:
+                    PyBuffer_Release(&view)
             else:
                 size = view.len
                 memcpy(_gather_buf, view.buf, size)
-                PyBuffer_Release(&view)
+                if held:
+                    PyBuffer_Release(&view)
                 for i in range(1, n):
                     item = <object>PyList_GET_ITEM(out, i)
                     if type(item) is FileRegion:
                         break
-                    PyObject_GetBuffer(item, &view, PyBUF_SIMPLE)
-                    if size + view.len > _CHUNK:
+                    held = _span(item, &view)
+                    fits = size + view.len <= _CHUNK
+                    if fits:
+                        memcpy(_gather_buf + size, view.buf, view.len)
+                        size += view.len
+                    if held:
                         PyBuffer_Release(&view)
+                    if not fits:
                         break
-                    memcpy(_gather_buf + size, view.buf, view.len)
-                    size += view.len
-                    PyBuffer_Release(&view)
                 ok = self._write(_gather_buf, size)
             if not ok:
                 return
