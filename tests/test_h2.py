@@ -396,7 +396,7 @@ def _variant(site, path: bytes, coding: bytes):
 def test_the_build_encodes_every_heads_header_block(builds):
     """site.py carries each variant's 200 and 304 header blocks (issue 12: encoded by the
     build), equal to what hpack_blocks makes of the head; and h2 sends the build's bytes:
-    a block changed in the loaded site is what goes out (nothing re-encodes it)."""
+    a block changed in the loaded site is what goes out (nothing encodes it again)."""
     from hpack import Decoder
     from orisha.protocols.hpack_blocks import block, field
     site = load_site(builds["notfound"])
@@ -417,7 +417,11 @@ def test_the_build_encodes_every_heads_header_block(builds):
     fields = [dict(d.decode(b)) for b in blocks]
     assert fields[0].get("x-block") == "from-the-build"
     assert fields[1][":status"] == "304" and "x-block" not in fields[1]
-    assert blocks[0].startswith(marked.h2) and blocks[1].startswith(marked.h2_304)
+    # the build's bytes, field by field (the fields its heads share with incremental indexing,
+    # hpack_blocks.vocabulary): the marked field's bytes among them, as the build made them
+    assert field(b"x-block", b"from-the-build") in blocks[0]
+    for sent, built in ((fields[0], marked.h2), (fields[1], marked.h2_304)):
+        assert {k: v for k, v in sent.items() if k != "date"} == dict(Decoder().decode(built))
 
 
 # -- a real site over https/h2: curl, nghttp and Chromium --------------------------------------
@@ -523,3 +527,91 @@ def test_over_the_connection_limit_h2_answers_503_and_goes_away(site):
     heads = [p for t, _, _, p in read_frames(out) if t == HEADERS]
     assert dict(Decoder().decode(heads[0]))[":status"] == "503"
     assert goaway_code(out) == 0 and conn.shut_write
+
+
+# -- the connection's dynamic table (hpack_blocks.vocabulary) ------------------------------
+PAGES = ["/", "/css/site.css", "/img/pixel.png", "/docs/", "/js/app.3f2a1b9c.js", "/nope",
+         "/data/planets.json"]
+
+
+def _responses(out: bytes, decoder) -> list[tuple[bytes, list]]:
+    """The final responses' header blocks in ``out``, in order, each decoded by ``decoder``
+    (one for the whole connection: the client's dynamic table): (block, fields)."""
+    got = []
+    for t, _, _, p in read_frames(out):
+        if t == HEADERS:
+            fields = decoder.decode(p, raw=True)
+            if dict(fields)[b":status"] != b"103":
+                got.append((p, fields))
+    return got
+
+
+def _requests(paths, first_sid: int = 1) -> bytes:
+    return b"".join(frame(HEADERS, 0x5, first_sid + 2 * i, request_block(p))
+                    for i, p in enumerate(paths))
+
+
+def test_shared_fields_are_named_from_the_dynamic_table_after_their_first_response(site):
+    """Sans-I/O, hpack's Decoder as the client: two rounds of seven pages on one connection
+    carry the fields of the build's blocks (a peer with no dynamic table gets those bytes);
+    the first round puts the site's shared fields into the table, each once, and then the
+    table stops growing and every block of the second round is shorter than the build's."""
+    from hpack import Decoder
+    plain, _ = raw(site, settings(header_table_size=0) + _requests(PAGES * 2))
+    literal = _responses(plain, Decoder())
+    blocks = [p for t, _, _, p in read_frames(plain) if t == HEADERS]  # with the 103s
+    assert blocks[0][:1] == b"\x20"  # the size update a smaller table is owed (§4.2), once
+    assert not any(b.startswith(b"\x20") for b in blocks[1:])
+    out, _ = raw(site, _requests(PAGES * 2))
+    d = Decoder()
+    indexed = _responses(out, d)
+    assert [f for _, f in indexed] == [f for _, f in literal]  # the same fields, in order
+    entries = list(d.header_table.dynamic_entries)
+    assert entries and len(set(entries)) == len(entries)  # shared fields, each in once
+    assert all(v for n, v in entries if n != b"date")  # no empty or per-second entries
+    n = len(PAGES)
+    for (block, _), (build, _) in zip(indexed[n:], literal[n:]):
+        assert len(block) < len(build)
+    assert sum(len(b) for b, _ in indexed[n:]) < 0.7 * sum(len(b) for b, _ in literal[n:])
+    again, _ = raw(site, _requests(PAGES))  # a new connection starts with an empty table
+    assert [b for b, _ in _responses(again, Decoder())] == [b for b, _ in indexed[:n]]
+
+
+def test_a_peer_that_shrinks_its_table_gets_a_size_update_and_blocks_within_it(site):
+    """Mid-connection SETTINGS_HEADER_TABLE_SIZE = 100 (below what went in): the next block
+    starts with size updates to 0 and to 100 (RFC 7541 §4.2: the smallest, then the last),
+    and the table holds at most 100 bytes from then on; the fields stay the build's."""
+    from hpack import Decoder
+    first, second = _requests(PAGES), _requests(PAGES, first_sid=1 + 2 * len(PAGES))
+    out, _ = raw(site, [first, settings(header_table_size=100) + second])
+    d = Decoder()
+    got = _responses(out, d)
+    blocks = [p for t, _, _, p in read_frames(out) if t == HEADERS]  # with the 103s
+    updates = [i for i, b in enumerate(blocks) if b.startswith(b"\x20")]
+    assert len(updates) == 1 and blocks[updates[0]].startswith(b"\x20\x3f\x45")  # 0, 100
+    assert blocks[updates[0]:] and len(blocks[:updates[0]]) >= len(PAGES)  # after round one
+    assert d.header_table.maxsize == 100  # (what went past it would name the wrong fields)
+    assert sum(len(n) + len(v) + 32 for n, v in d.header_table.dynamic_entries) <= 100
+    plain, _ = raw(site, settings(header_table_size=0) + first + second)
+    assert [f for _, f in got] == [f for _, f in _responses(plain, Decoder())]
+
+
+def test_nghttp_decodes_the_dynamic_table_and_its_size_updates(h2c_port):
+    """A real decoder (nghttp2, which refuses a block that omits a size update it is owed):
+    the same pages with its default table and with none (``-c 0``): the same fields, and
+    a fifth fewer header-block bytes with the table, or more (the pages share fields)."""
+    urls = [f"http://127.0.0.1:{h2c_port}{p}" for p in PAGES]
+
+    def fetch(*opts: str) -> tuple[list[str], int]:
+        r = subprocess.run(["nghttp", "-nv", *opts, *urls], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+        fields = [line.split("] ", 1)[1] for line in r.stdout.splitlines()
+                  if "recv (stream_id=" in line and "date:" not in line]
+        sizes = [int(line.split("length=")[1].split(",")[0]) for line in r.stdout.splitlines()
+                 if "recv HEADERS frame" in line]
+        return sorted(fields), sum(sizes)
+
+    with_table, none = fetch(), fetch("-c", "0")
+    assert with_table[0] == none[0] and len(with_table[0]) > 5 * len(PAGES)
+    assert with_table[1] < 0.8 * none[1], (with_table[1], none[1])  # here: 692 vs 1,067

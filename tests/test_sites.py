@@ -437,7 +437,8 @@ def test_metrics_name_the_site(two):
 def test_h2_sends_each_sites_built_blocks_and_its_103(two, builds):
     """h2c, one connection for both sites: the second site's page with preloads (the demo's
     /docs/) gets its 103 Early Hints, and each site's 200 HEADERS block is its build's own
-    (``Variant.h2``, then the date field), not one encoded at run time."""
+    (``Variant.h2``'s fields, the ones its heads share indexed in the connection's table —
+    hpack_blocks.vocabulary — then the date field), not one encoded at run time."""
     from hpack import Decoder, Encoder
     from h2util import DATA, HEADERS, PREFACE, frame, read_frames, settings
     from orisha.server import load_site
@@ -464,11 +465,17 @@ def test_h2_sends_each_sites_built_blocks_and_its_103(two, builds):
     assert [len(h) for h in heads.values()] == [2, 1]  # the 103 and the 200; the 200 alone
     hints = dict(Decoder().decode(heads[1][0]))
     assert hints == {":status": "103", "link": "</css/site.css>; rel=preload; as=style"}, hints
+    from orisha.protocols.hpack_blocks import _indexing, representations
+    table = Decoder()  # the client's dynamic table, across the connection's blocks in order
+    decoded = {i: table.decode(p) for t, _, i, p in read_frames(data) if t == HEADERS}
     for (sid, blocks), out in zip(heads.items(), (builds["notfound"], two["a"])):
         route = load_site(out).routes[b"/docs/" if sid == 1 else b"/"]
         built = next(v.h2 for v in route.variants if v.coding == b"identity")
-        assert blocks[-1][:len(built)] == built, sid  # the build's bytes, then Date
-        assert [k for k, _ in Decoder().decode(blocks[-1][len(built):])] == ["date"], sid
+        assert decoded[sid][:-1] == Decoder().decode(built), sid  # the build's fields, Date
+        assert [k for k, _ in decoded[sid][-1:]] == ["date"], sid
+        if sid == 1:  # the connection's first: the build's bytes, a shared field's indexed
+            assert all(r in blocks[-1] or not r[0] & 0x80 and _indexing(r) in blocks[-1]
+                       for r in representations(built))
 
 
 def test_access_log_names_the_site(two, tmp_path):

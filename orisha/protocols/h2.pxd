@@ -89,6 +89,11 @@ cdef class H2Connection:
     cdef public Py_ssize_t out_bytes, preface, window, initial, max_frame, recv_window, recv_used
     cdef public Py_ssize_t last_id, calm
     cdef public dict streams, remote_open, memo, built, early, plans
+    cdef public dict pieces, sent_blocks
+    cdef public list inc, sizes
+    cdef public bytearray slots
+    cdef public Py_ssize_t inserted, table_used, table_max
+    cdef public bytes table_update
     cdef public list counts
     cdef public object log_lines, hosts
     cdef public Py_ssize_t head_max
@@ -140,10 +145,15 @@ cdef class H2Connection:
     cpdef _window_update(self, Py_ssize_t flags, Py_ssize_t sid, bytes payload, double now)
     cpdef _request(self, Py_ssize_t sid, tuple decoded, double now)  # plan: a Plan (a NamedTuple)
     @cython.locals(status=Py_ssize_t, stats=list, block=bytes, date=bytes, out=list,
-                   size=Py_ssize_t, length=Py_ssize_t)
+                   size=Py_ssize_t, length=Py_ssize_t, hit=tuple)
     cpdef _respond(self, Py_ssize_t sid, object plan, bytes line, double now, bytes request=*)
     @cython.locals(out=list, step=Py_ssize_t, i=Py_ssize_t, last=Py_ssize_t)
     cpdef _long_block(self, Py_ssize_t sid, bytes block, object body)
+    @cython.locals(pieces=tuple, parts=list, before=Py_ssize_t, slots=bytearray, vid=Py_ssize_t,
+                   k=Py_ssize_t, literal=bytes)
+    cpdef bytes _block(self, bytes head)
+    cpdef _shrink_table(self, Py_ssize_t size)
+    cpdef bytes _owed(self)
     @cython.locals(st=_Stream)
     cpdef _stream(self, Py_ssize_t sid, object view)
     cpdef _early_hints(self, Py_ssize_t sid, bytes head)

@@ -7,8 +7,9 @@ become a synthetic HTTP/1.1 head, and ``App.plan`` — the same ``answer()`` and
 the same memo as HTTP/1.1 — returns the Plan; negotiation, conditionals,
 ranges, routing and limits are therefore one code for both protocols. A Plan
 maps to a HEADERS frame (the head's HPACK block — encoded by the build for
-every variant's head, memoised for the rest, see ``hpack_blocks.py`` — plus one
-Date literal per second) and DATA frames that
+every variant's head, memoised for the rest, see ``hpack_blocks.py``; the fields
+a site's heads share named from the connection's dynamic table once they are in
+it, ``_block`` — plus one Date literal per second) and DATA frames that
 are memoryview slices of the build's blob: a response is still a lookup and
 a write, never a copy.
 
@@ -70,7 +71,7 @@ from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
 from ..core.policy import CONNECT, LINGER, Stat
-from .hpack_blocks import CONNECTION_FIELDS, Blocks, date_field
+from .hpack_blocks import CONNECTION_FIELDS, REF, TABLE_SIZE, Blocks, date_field, size_update
 from ..core.outgoing import consume
 
 # The hot path's constants as module globals (C integers in the compiled module).
@@ -213,6 +214,16 @@ class H2Connection:
         # What every request reads, looked up once per connection: the App's plan memo,
         # counters, log and head limit (an App never rebinds them), the blocks of its builds.
         self.built, self.early = _BLOCKS.built, _BLOCKS.early
+        # Our side of the peer's HPACK dynamic table (hpack_blocks.py, ``vocabulary``): where
+        # each shared field went in (its count of insertions before it; 255: not in), how
+        # many went in and their size, the most the peer allows, a size update owed to the
+        # next header block (§4.2), and head → (insertions, block) while nothing new goes in.
+        self.pieces, self.inc, self.sizes = _BLOCKS.pieces, _BLOCKS.inc, _BLOCKS.sizes
+        self.slots = bytearray(b"\xff" * len(self.inc))
+        self.inserted = self.table_used = 0
+        self.table_max = TABLE_SIZE
+        self.table_update = b""
+        self.sent_blocks: dict[bytes, tuple] = {}
         self.plans, self.counts, self.log_lines = app.plans, app.counts, app.log_lines
         self.hosts, self.head_max = app.hosts, app.limits.head
         self.buf = b""
@@ -652,7 +663,9 @@ class H2Connection:
                 if not FRAME_MAX <= value <= (1 << 24) - 1:
                     return self._fail(Error.PROTOCOL_ERROR)
                 self.max_frame = value
-            # HEADER_TABLE_SIZE: our blocks never use the dynamic table; the rest are advisory.
+            elif key == 1 and value < self.table_max:  # HEADER_TABLE_SIZE, lowered (§6.5.2)
+                self._shrink_table(value)
+            # The rest are advisory; a larger table is not used (entries fit TABLE_SIZE).
         self.out.append(_SETTINGS_ACK)
         self.out_bytes += 9
         self._pump()
@@ -735,13 +748,12 @@ class H2Connection:
         if self.log_lines is not None:
             self.log_lines.append(log_line(self.peer, now, line, status, size, b""
                                            if self.hosts is None else self.hosts.label(request)))
-        block = self.built.get(head)  # the build's block, else Blocks.get's memo
-        if block is None:
-            block = _BLOCKS.get(head)
-        date = _date_field(now)
-        out = self.out
         if self.early:
             self._early_hints(sid, head)
+        hit = self.sent_blocks.get(head)  # this head's block on this connection, if still valid
+        block = hit[1] if hit is not None and hit[0] == self.inserted else self._block(head)
+        date = _date_field(now)
+        out = self.out
         length = len(block) + len(date)
         self.out_bytes += length + 9
         if length > self.max_frame:  # §6.10: the rest of a long block in CONTINUATION frames
@@ -763,6 +775,55 @@ class H2Connection:
             return self._ended(sid, self.initial - size)
         out.append(_framed(HEADERS, END_HEADERS, sid, block, date))
         self._stream(sid, view)
+
+    def _block(self, head: bytes) -> bytes:
+        """``head``'s header block on this connection: its shared fields named in the dynamic
+        table, or put there when there is room, the rest as the build encoded them; a head
+        with none of them, the build's block (else Blocks.get's memo). Memoised while it
+        puts nothing in (then it is the same bytes until something else does)."""
+        pieces = self.pieces.get(head)
+        if pieces is None:
+            block = self.built.get(head)
+            if block is None:
+                block = _BLOCKS.get(head)
+            return self._owed() + block if self.table_update else block
+        parts = [self._owed()] if self.table_update else []
+        before = self.inserted
+        slots = self.slots
+        for vid, literal in pieces:
+            if vid >= 0:
+                k = slots[vid]
+                if k != 255:  # in the table: index 62 is the newest entry (§2.3.3)
+                    parts.append(REF[61 + self.inserted - k])
+                    continue
+                if self.table_used + self.sizes[vid] <= self.table_max:
+                    slots[vid] = self.inserted
+                    self.inserted += 1
+                    self.table_used += self.sizes[vid]
+                    parts.append(self.inc[vid])
+                    continue
+            parts.append(literal)
+        block = b"".join(parts)
+        if self.inserted == before:
+            if len(self.sent_blocks) >= _MEMO_MAX:
+                self.sent_blocks.clear()
+            self.sent_blocks[head] = (before, block)
+        return block
+
+    def _shrink_table(self, size: int) -> None:
+        """The peer's table is smaller than ours now: the next header block starts by
+        emptying it and setting our size to ``size`` (§4.2: the smallest, then the last);
+        what went in is forgotten."""
+        self.table_max = size
+        self.table_update = size_update(0) + (size_update(size) if size else b"")
+        self.slots = bytearray(b"\xff" * len(self.inc))
+        self.inserted = self.table_used = 0
+        self.sent_blocks.clear()
+
+    def _owed(self) -> bytes:
+        """The dynamic table size update owed to the next header block (§4.2), once."""
+        update, self.table_update = self.table_update, b""
+        return update
 
     def _long_block(self, sid: int, block: bytes, body) -> None:
         """A header block longer than the peer's frame size: HEADERS, then CONTINUATION."""
@@ -791,7 +852,9 @@ class H2Connection:
         same write as the 200, it lets the browser start its preloads while it is still
         receiving and parsing the page."""
         hints = self.early.get(head)
-        if hints and len(hints) <= self.max_frame:
+        if hints and len(hints) + len(self.table_update) <= self.max_frame:
+            if self.table_update:  # the next header block is this one
+                hints = self._owed() + hints
             self.out.append(_frame(len(hints), HEADERS, END_HEADERS, sid) + hints)
             self.out_bytes += len(hints) + 9
 

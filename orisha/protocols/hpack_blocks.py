@@ -1,13 +1,16 @@
 """HPACK header blocks for responses whose HTTP/1.1 heads are already built.
 
 Strategy: a response head is a constant (the build formats it), so its HTTP/2
-header block can be one too. Only HPACK representations that do not depend on
-the connection are used (RFC 7541 §6.1 indexed fields from the static table,
-§6.2.2 literals *without indexing*): the block never touches the decoder's
-dynamic table, so the same bytes are valid on every connection, in any order,
-and the Date field (the one per-second part) is appended as its own literal.
-The encoder primitives (integers, Huffman codes, the static table) are the
-``hpack`` library's; this module only chooses the representations.
+header block can be one too. The build's blocks use only HPACK representations
+that do not depend on the connection (RFC 7541 §6.1 indexed fields from the
+static table, §6.2.2 literals *without indexing*): the same bytes are valid on
+every connection, in any order (the unikernel sends them as they are), and the
+Date field (the one per-second part) is appended as its own literal. A hosted
+connection also keeps the fields a site's heads share in the decoder's dynamic
+table (``vocabulary``: the build's own representations, split, not encoded
+again): a response names them in a byte each once they are in. The encoder
+primitives (integers, Huffman codes, the static table) are the ``hpack``
+library's; this module only chooses the representations.
 
 Blocks are made from the HTTP/1.1 head bytes, not from the site's sources: a
 head is the one description of a response (the core's plans carry it), so the
@@ -26,7 +29,8 @@ from __future__ import annotations
 import functools
 import re
 
-from hpack.hpack import encode_integer
+from hpack.hpack import decode_integer, encode_integer
+from hpack.huffman_table import decode_huffman
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
@@ -70,17 +74,113 @@ def field(name: bytes, value: bytes) -> bytes:
     return b"\x00" + _string(name) + _string(value)
 
 
-def block(head: bytes) -> bytes:
-    """The header block for an HTTP/1.1 head (status line and field lines, no Date)."""
+def fields(head: bytes) -> list[tuple[bytes, bytes]]:
+    """An HTTP/1.1 head's HTTP/2 fields: (name, value), ``:status`` first, no Date, none of
+    the connection-specific ones."""
     lines = head.split(b"\r\n")
-    out = [field(b":status", lines[0][9:12])]
+    out = [(b":status", lines[0][9:12])]
     for line in lines[1:]:
         if line:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
             if name not in CONNECTION_FIELDS:
-                out.append(field(name, value.strip()))
-    return b"".join(out)
+                out.append((name, value.strip()))
+    return out
+
+
+def block(head: bytes) -> bytes:
+    """The header block for an HTTP/1.1 head (status line and field lines, no Date)."""
+    return b"".join([field(name, value) for name, value in fields(head)])
+
+
+# Each connection's dynamic table (RFC 7541 §2.3.2) holds the fields many of a site's heads
+# share — a type, Cache-Control, Vary, a Content-Encoding, a Last-Modified — chosen when the
+# site is taken (``Blocks.take``): the first response of a connection that carries one sends
+# it with incremental indexing, every later one names it in a byte. What only one head has
+# (its ETag, its Content-Length) and Date stay literals. Entries only ever go in: they fit the
+# table a decoder starts with, so none is evicted and a block can be memoised per connection
+# for as long as nothing new went in (h2.py, ``H2Connection._block``).
+TABLE_SIZE = 4096  # a decoder's dynamic table until it says otherwise (RFC 9113 §6.5.2)
+VOCABULARY_MAX = 64  # entries: the newest is index 62, the oldest 125 — one byte each (§6.1)
+REF = [bytes([0x80 | i]) for i in range(128)]
+_NOT_MODIFIED = field(b":status", b"304")  # an indexed field (§6.1), index < 128
+
+
+def size_update(size: int) -> bytes:
+    """A dynamic table size update to ``size`` (§6.3), at the start of a block."""
+    n = encode_integer(size, 5)
+    n[0] |= 0x20
+    return bytes(n)
+
+
+def _skip_string(data: bytes, pos: int) -> int:
+    """Where the string (§5.2) at ``pos`` ends."""
+    n, used = decode_integer(data[pos:pos + 6], 7)
+    return pos + used + n
+
+
+def representations(block: bytes) -> list[bytes]:
+    """A block of ours split into its fields' representations: §6.1 indexed, §6.2.2 literal
+    without indexing (what ``field`` makes)."""
+    out, pos = [], 0
+    while pos < len(block):
+        start = pos
+        if block[pos] & 0x80:
+            pos += decode_integer(block[pos:pos + 6], 7)[1]
+        else:
+            index, used = decode_integer(block[pos:pos + 6], 4)
+            pos = _skip_string(block, pos + used if index else _skip_string(block, pos + 1))
+        out.append(block[start:pos])
+    return out
+
+
+def _entry_size(literal: bytes) -> int:
+    """The size (§4.1) of the table entry a literal without indexing would make."""
+    index, pos = decode_integer(literal[:6], 4)
+    if index:
+        name = len(_STATIC[index - 1][0])
+    else:
+        end = _skip_string(literal, pos)
+        raw = literal[pos:end][decode_integer(literal[pos:pos + 6], 7)[1]:]
+        name, pos = (len(decode_huffman(raw)) if literal[pos] & 0x80 else len(raw)), end
+    raw = literal[pos:][decode_integer(literal[pos:pos + 6], 7)[1]:]
+    return name + (len(decode_huffman(raw)) if literal[pos] & 0x80 else len(raw)) + 32
+
+
+def _indexing(literal: bytes) -> bytes:
+    """A literal without indexing (§6.2.2) as the same field with incremental indexing
+    (§6.2.1): the name's index on a 6-bit prefix, the rest the same bytes."""
+    index, used = decode_integer(literal, 4)
+    n = encode_integer(index, 6)
+    n[0] |= 0x40
+    return bytes(n) + literal[used:]
+
+
+def vocabulary(built: dict) -> tuple[list[bytes], list[int], dict]:
+    """The fields the build's blocks (head → block) share: seen in two or more, ranked by
+    the bytes they would save, at most ``VOCABULARY_MAX`` and ``TABLE_SIZE`` bytes as a
+    table counts them. Returns (their representations with incremental indexing, their
+    sizes, head → pieces), a head's pieces its block's representations as (vocabulary
+    index or -1, the build's bytes), for the heads with a shared field. Made from the
+    build's bytes (split, not encoded again): a take costs no Huffman coding."""
+    split = {h: representations(b) for h, b in built.items()}
+    counts: dict = {}
+    for reps in split.values():
+        if reps[0] != _NOT_MODIFIED:  # a 304 repeats its 200's fields: they are not shared
+            for r in set(reps):
+                counts[r] = counts.get(r, 0) + 1
+    ranked = sorted((r for r, c in counts.items() if c >= 2 and not r[0] & 0x80),  # indexed:
+                    key=lambda r: (-counts[r] * (len(r) - 1), r))           # a byte already
+    chosen, sizes, room = {}, [], TABLE_SIZE
+    for r in ranked:
+        size = _entry_size(r)
+        if size <= room and len(chosen) < VOCABULARY_MAX:
+            chosen[r] = len(chosen)
+            sizes.append(size)
+            room -= size
+    pieces = {h: tuple([(chosen.get(r, -1), r) for r in reps])
+              for h, reps in split.items() if any(r in chosen for r in reps)}
+    return [_indexing(r) for r in chosen], sizes, pieces
 
 
 _EXTRA = [b""]  # fields every response carries after Date: set once at start-up (advertise)
@@ -125,7 +225,7 @@ class Blocks:
     """Head bytes → header block: the build's blocks of a site, then a memo of the rest,
     bounded so per-request heads cannot grow it."""
 
-    __slots__ = ("built", "site", "memo", "early")
+    __slots__ = ("built", "site", "memo", "early", "inc", "sizes", "pieces")
 
     def __init__(self) -> None:
         self.built: dict[bytes, bytes] = {}
@@ -134,6 +234,11 @@ class Blocks:
         # 200 head → the header block of its 103 Early Hints (RFC 8297), for the heads
         # whose Link field preloads (the build's early hints, or _headers' own).
         self.early: dict[bytes, bytes] = {}
+        # The connections' shared dynamic-table fields (``vocabulary``): their literals with
+        # incremental indexing, their sizes, and head → pieces for the heads that use them.
+        self.inc: list[bytes] = []
+        self.sizes: list[int] = []
+        self.pieces: dict[bytes, tuple] = {}
 
     def take(self, site, hosts=None) -> None:
         """Use the blocks ``site``'s build encoded — every site's of ``hosts`` (several
@@ -150,6 +255,7 @@ class Blocks:
             hints = early_hints(v.head)
             if hints:
                 self.early[v.head] = hints
+        self.inc, self.sizes, self.pieces = vocabulary(self.built)
 
     def get(self, head: bytes) -> bytes:
         b = self.built.get(head)
