@@ -102,6 +102,7 @@ _BLOCK_FRAMES = 32           # HEADERS + CONTINUATION frames one header block ma
 _CALM_MAX = 400              # work-without-response frames a connection may send in a burst…
 _CALM_PER_SECOND = 100       # …and per second after it
 _MEMO_MAX = 256              # header blocks memoised per connection (see ``_decode``)
+_SENT_MAX = 64               # our blocks memoised per connection (see ``_block``)
 _BAD_NAME = re.compile(rb"[\x00-\x20A-Z:\x7f-\xff]")     # §8.2.1 (":" only as the pseudo prefix)
 _BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length: ([^\r]*)")
@@ -805,7 +806,7 @@ class H2Connection:
             parts.append(literal)
         block = b"".join(parts)
         if self.inserted == before:
-            if len(self.sent_blocks) >= _MEMO_MAX:
+            if len(self.sent_blocks) >= _SENT_MAX:
                 self.sent_blocks.clear()
             self.sent_blocks[head] = (before, block)
         return block
