@@ -205,6 +205,7 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
     if (http_port is not None or hsts is not None) and not tls_on:
         raise ServeError("--http-port and --hsts go with TLS (--tls-cert/--tls-key or --domain)")
     site, load, build_dir, reloadable = _sites_to_serve(build_dir, sites, hsts)
+    site, load = _h2_taken(site), (lambda again=load: _h2_taken(again())) if load else None
     certs = _seq(tls_cert)
     http3 = http3 and tls_on
     name, loop_cls = _loop(loop or site.loop, http3)
@@ -397,6 +398,14 @@ def _with_hsts(load, seconds: int | None):
         from .protocols.qpack_blocks import section
         return hsts(load(arg), seconds, encode=block, section=section)
     return loaded
+
+
+def _h2_taken(site):
+    """``site`` with HTTP/2's tables of its builds' blocks made (``h2.take``), here in the
+    supervisor, so that every worker of its generation forks with them."""
+    from .protocols.h2 import take
+    take(site)
+    return site
 
 
 def _plain_app(https_port: int, acme):

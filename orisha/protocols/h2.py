@@ -70,6 +70,7 @@ except ImportError:  # no Cython installed: the pure module
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
+from ..core.hosts import Hosts
 from ..core.policy import CONNECT, LINGER, Stat
 from .hpack_blocks import CONNECTION_FIELDS, REF, TABLE_SIZE, Blocks, date_field, size_update
 from ..core.outgoing import consume
@@ -149,6 +150,16 @@ def _date_field(now: float) -> bytes:
     if second != _date_second:
         _date_second, _date_bytes = second, date_field(format_http_date(second))
     return _date_bytes
+
+
+def take(site) -> None:
+    """The header blocks of ``site``'s builds (a ``Hosts``: every site's) and the tables
+    made of them (``Blocks.take``), before the workers fork: a worker's first HTTP/2
+    connection finds them made (a 9,000-head site: ~0.2 s)."""
+    if site.__class__ is Hosts:
+        _BLOCKS.take(site.sites[0], site)
+    else:
+        _BLOCKS.take(site)
 
 
 def _error(status: int) -> Plan:
