@@ -596,6 +596,17 @@ def test_a_peer_that_shrinks_its_table_gets_a_size_update_and_blocks_within_it(s
     assert [f for _, f in got] == [f for _, f in _responses(plain, Decoder())]
 
 
+def test_the_size_update_is_sent_once_not_memoised_with_a_block(site):
+    """A peer with no table asks for the same page (no early hints) three times: the first
+    block starts with the size update it is owed, the others are the build's block alone."""
+    from orisha.protocols.hpack_blocks import block
+    out, _ = raw(site, settings(header_table_size=0) + _requests(["/css/site.css"] * 3))
+    blocks = [p for t, _, _, p in read_frames(out) if t == HEADERS]
+    head = next(v.head for v in site.routes[b"/css/site.css"].variants if v.coding == b"identity")
+    assert [b[:len(block(head)) + 1] for b in blocks] == [b"\x20" + block(head)] + [
+        block(head) + b"\x0f"] * 2  # each then its date field (static name 33: 0x0f 0x12)
+
+
 def test_nghttp_decodes_the_dynamic_table_and_its_size_updates(h2c_port):
     """A real decoder (nghttp2, which refuses a block that omits a size update it is owed):
     the same pages with its default table and with none (``-c 0``): the same fields, and

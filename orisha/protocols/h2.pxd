@@ -150,7 +150,7 @@ cdef class H2Connection:
     @cython.locals(out=list, step=Py_ssize_t, i=Py_ssize_t, last=Py_ssize_t)
     cpdef _long_block(self, Py_ssize_t sid, bytes block, object body)
     @cython.locals(pieces=tuple, parts=list, before=Py_ssize_t, slots=bytearray, vid=Py_ssize_t,
-                   k=Py_ssize_t, literal=bytes)
+                   k=Py_ssize_t, literal=bytes, owed=bytes)
     cpdef bytes _block(self, bytes head)
     cpdef _shrink_table(self, Py_ssize_t size)
     cpdef bytes _owed(self)

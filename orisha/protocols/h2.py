@@ -793,13 +793,14 @@ class H2Connection:
         table, or put there when there is room, the rest as the build encoded them; a head
         with none of them, the build's block (else Blocks.get's memo). Memoised while it
         puts nothing in (then it is the same bytes until something else does)."""
+        owed = self._owed() if self.table_update else b""  # not part of the memoised block
         pieces = self.pieces.get(head)
         if pieces is None:
             block = self.built.get(head)
             if block is None:
                 block = _BLOCKS.get(head)
-            return self._owed() + block if self.table_update else block
-        parts = [self._owed()] if self.table_update else []
+            return owed + block if owed else block
+        parts = []
         before = self.inserted
         slots = self.slots
         for vid, literal in pieces:
@@ -820,7 +821,7 @@ class H2Connection:
             if len(self.sent_blocks) >= _SENT_MAX:
                 self.sent_blocks.clear()
             self.sent_blocks[head] = (before, block)
-        return block
+        return owed + block if owed else block
 
     def _shrink_table(self, size: int) -> None:
         """The peer's table is smaller than ours now: the next header block starts by
