@@ -1049,3 +1049,17 @@ def test_docs_response_blocks_are_the_builds(docs_image, pki):
                       (("GET", "/" + rel, {**ae, "if-none-match": v.etag.decode()}), block(v.head_304))]
     assert len(seen) == 4, seen
     _check_blocks(docs_image.port, pki, cases)
+
+
+def test_a_client_without_a_dynamic_table_gets_the_size_update_it_is_owed(demo_pair):
+    """nghttp2 told to keep no HPACK table (``nghttp -c 0``) refuses a header block that does
+    not begin with the size update a smaller table is owed (RFC 7541 §4.2): the image's
+    pages (one with a 103 first, which carries it) and the hosted server's come, 200."""
+    for port in (demo_pair.uk.port, demo_pair.py.port):
+        urls = [f"https://127.0.0.1:{port}{p}" for p in ("/", "/css/site.css", "/nope")]
+        r = subprocess.run(["nghttp", "-nv", "-c", "0", *urls], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, (port, r.stdout[-2000:], r.stderr)
+        statuses = [line.split(":status: ")[1] for line in r.stdout.splitlines()
+                    if ":status: " in line and "recv (stream_id=" in line]
+        assert sorted(statuses) == ["103", "200", "200", "404"], (port, statuses)

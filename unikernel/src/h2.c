@@ -102,6 +102,10 @@ struct h2 {
     uint32_t open;
     int32_t calm;
     uint8_t preface, settings_seen, closing, dead, eof;
+    /* the peer's HPACK table went below the 4,096 bytes it started with: the next header
+     * block owes it a size update (RFC 7541 §4.2), to 0 — our blocks use no table, so
+     * once it is 0 nothing is owed again (table_zero) */
+    uint8_t table_owed, table_zero;
     /* the frame being read */
     uint8_t fh[9], fh_len, ftype, fflags;
     uint32_t flen, fpos, fsid;
@@ -921,7 +925,9 @@ static void apply_setting(struct h2 *h, const uint8_t *e)
             fail(h, PROTOCOL_ERROR);
         else
             h->max_frame = value;
-    } /* HEADER_TABLE_SIZE: our blocks never use the dynamic table; the rest are advisory */
+    } else if (key == 1 && value < TABLE_CAP && !h->table_zero) { /* HEADER_TABLE_SIZE */
+        h->table_owed = 1;
+    } /* the rest are advisory */
 }
 
 static void window_update(struct h2 *h)
@@ -1333,14 +1339,18 @@ static int emit_headers(struct h2 *h)
 {
     long head = gather_head(h);
     struct core_resp *r = &h->core->resp;
-    /* The 103 goes in the same batch, just before the 200 (as h2.py writes them). */
-    uint32_t early = r->h2_103_len ? 9 + r->h2_103_len : 0;
+    /* The 103 goes in the same batch, just before the 200 (as h2.py writes them). A size
+     * update owed (table_owed) is the first byte of the first of them: `lead` in the 200. */
+    uint32_t owed = h->table_owed;
+    uint32_t early = r->h2_103_len ? 9 + owed + r->h2_103_len : 0;
+    uint32_t lead = early ? 0 : owed;
     uint32_t start = h->olen + early + 9, sid = h->cur_sid;
-    uint32_t o = head >= 12 && start <= OBUF_CAP ? encode_head(h, head, start) : 0;
+    uint32_t o = head >= 12 && start + lead <= OBUF_CAP ? encode_head(h, head, start + lead) : 0;
     if (!o && early && !h->olen) { /* beyond even an empty batch with it: the 200 alone */
         early = 0;
+        lead = owed;
         start = 9;
-        o = head >= 12 ? encode_head(h, head, start) : 0;
+        o = head >= 12 ? encode_head(h, head, start + lead) : 0;
     }
     if (!o) {
         if (h->olen)
@@ -1350,9 +1360,15 @@ static int emit_headers(struct h2 *h)
     }
     uint64_t left = body_left(h);
     if (early) {
-        put_frame(h->obuf + h->olen, r->h2_103_len, HEADERS, F_END_HEADERS, sid);
-        memcpy(h->obuf + h->olen + 9, r->h2_103, r->h2_103_len);
+        put_frame(h->obuf + h->olen, owed + r->h2_103_len, HEADERS, F_END_HEADERS, sid);
+        if (owed)
+            h->obuf[h->olen + 9] = 0x20; /* §6.3: the table's size is 0 */
+        memcpy(h->obuf + h->olen + 9 + owed, r->h2_103, r->h2_103_len);
     }
+    if (lead)
+        h->obuf[start] = 0x20; /* §6.3: the table's size is 0 */
+    if (owed)
+        h->table_owed = 0, h->table_zero = 1;
     put_frame(h->obuf + start - 9, o - start, HEADERS,
               (uint8_t)(F_END_HEADERS | (left ? 0 : F_END_STREAM)), sid);
     add_seg(h, h->obuf + h->olen, o - h->olen);
