@@ -98,12 +98,6 @@ cdef int _select_alpn(SSL *s, const unsigned char **out, unsigned char *outlen,
     return SSL_TLSEXT_ERR_NOACK
 
 
-# The two BIOs of every SSL* are the connection itself (no memory BIO to grow zero-filled,
-# poll with BIO_ctrl_pending and copy through, as ssl.MemoryBIO does): OpenSSL reads the
-# received bytes where the loop body handed them over (``inbuf`` from ``inpos``: at its
-# end, "want read"; after the peer's EOF, EOF), and each record it writes is appended to
-# ``cipher`` as bytes at once. The write never refuses, so SSL_write and the handshake
-# never "want write"; ``_HIGH`` bounds what waits for the socket.
 cdef inline bint _span(object item, Py_buffer *view) except -1:
     """``item``'s bytes as ``view.buf`` and ``view.len``: a bytes object's own, nothing to
     release (False: heads and tails are bytes), any other buffer exported (True: release it)."""
@@ -115,6 +109,12 @@ cdef inline bint _span(object item, Py_buffer *view) except -1:
     return True
 
 
+# The two BIOs of every SSL* are the connection itself (no memory BIO to grow zero-filled,
+# poll with BIO_ctrl_pending and copy through, as ssl.MemoryBIO does): OpenSSL reads the
+# received bytes where the loop body handed them over (``inbuf`` from ``inpos``: at its
+# end, "want read"; after the peer's EOF, EOF), and each record it writes is appended to
+# ``cipher`` as bytes at once. The write never refuses, so SSL_write and the handshake
+# never "want write"; ``_HIGH`` bounds what waits for the socket.
 cdef class TlsConnection  # defined below; its C fields are read by the BIO callbacks
 
 

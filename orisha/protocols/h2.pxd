@@ -153,6 +153,7 @@ cdef class H2Connection:
                    k=Py_ssize_t, literal=bytes, owed=bytes)
     cpdef bytes _block(self, bytes head)
     cpdef _shrink_table(self, Py_ssize_t size)
+    cpdef _empty_table(self)
     cpdef bytes _owed(self)
     @cython.locals(st=_Stream)
     cpdef _stream(self, Py_ssize_t sid, object view)

@@ -231,11 +231,10 @@ class H2Connection:
         # many went in and their size, the most the peer allows, a size update owed to the
         # next header block (§4.2), and head → (insertions, block) while nothing new goes in.
         self.pieces, self.inc, self.sizes = _BLOCKS.pieces, _BLOCKS.inc, _BLOCKS.sizes
-        self.slots = bytearray(b"\xff" * len(self.inc))
-        self.inserted = self.table_used = 0
         self.table_max = TABLE_SIZE
         self.table_update = b""
         self.sent_blocks: dict[bytes, tuple] = {}
+        self._empty_table()
         self.plans, self.counts, self.log_lines = app.plans, app.counts, app.log_lines
         self.hosts, self.head_max = app.hosts, app.limits.head
         self.buf = b""
@@ -829,6 +828,10 @@ class H2Connection:
         what went in is forgotten."""
         self.table_max = size
         self.table_update = size_update(0) + (size_update(size) if size else b"")
+        self._empty_table()
+
+    def _empty_table(self) -> None:
+        """Nothing of ours in the peer's table (a new connection, or one it emptied)."""
         self.slots = bytearray(b"\xff" * len(self.inc))
         self.inserted = self.table_used = 0
         self.sent_blocks.clear()
