@@ -20,6 +20,7 @@ from .core.policy import LIMITS, Limits
 from .errors import BuildError, OrishaError
 from .loops import BUILD_CHOICES as LOOPS
 from .loops import describe as loop_bodies
+from .targets import booted
 
 
 def _fail(message: str) -> None:
@@ -117,15 +118,13 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
         raise click.UsageError("--tls-cert and --tls-key go together")
     if tls_cert and target == "container":
         raise click.UsageError("--tls-cert/--tls-key: with --loop unikernel only")
-    if target == "container":
-        from .targets.container.build import build as builder
-    else:
-        from .embed.build import build as builder
-    r = builder(site, out, fallback=fallback, not_found=not_found,
-                cache_control=_cache_controls(cache_control), loop=loop,
+    from .targets import build as builder
+    r = builder(site, out, target=target, loop=loop, fallback=fallback, not_found=not_found,
+                cache_control=_cache_controls(cache_control),
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
                 symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex,
-                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth, early_hints=not no_early_hints, **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
+                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth,
+                early_hints=not no_early_hints, tls=(tls_cert, tls_key) if tls_cert else None)
     click.echo(_summary(r))
 
 
@@ -193,9 +192,9 @@ def serve(path, sites, host, port, workers, loop, fallback, not_found, access_lo
             check_site_names(pairs, domains)
             domains = pairs[0][0]
         pairs = None  # one site, as ever: no host table, no lookup
-    elif any(manifest.read(out).get("loop") == "unikernel" for _, out in pairs):
+    elif any(booted(out) for _, out in pairs):
         raise click.UsageError("--site: a unikernel image serves one site (boot each image)")
-    if loop is None and manifest.read(path).get("loop") == "unikernel":
+    if loop is None and booted(path):
         from .targets.unikernel.boot import boot as run_boot  # an image is served by booting it
         sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
     from .server import run

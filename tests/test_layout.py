@@ -81,3 +81,43 @@ def test_the_c_core_types_no_policy():
             assert f'"{option}"' not in code, f"unikernel/src/{name} types the option {option}"
         assert not re.search(r"=\s*8192\b|=\s*15000\b|=\s*10000\b", code), \
             f"unikernel/src/{name} types a default limit"
+
+
+def _imports(text: str, package: str) -> list[str]:
+    """Every module ``text`` (a module of ``package``) imports, at the top or inside a
+    function, made absolute."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[:len(parts) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out += [mod] + [f"{mod}.{a.name}" for a in node.names]
+    return out
+
+
+def test_the_build_step_knows_no_target():
+    """Targets wrap the build (orisha/targets/__init__.py routes it): nothing in embed/
+    imports targets/, not even lazily inside a function."""
+    embed = os.path.join(ORISHA, "embed")
+    found = [f"{os.path.relpath(p, ROOT)}: {m}" for p in _python_files()
+             if p.startswith(embed + os.sep)
+             for m in _imports(open(p, encoding="utf-8").read(), "orisha.embed")
+             if m == "orisha.targets" or m.startswith("orisha.targets.")]
+    assert not found, found
+    # the check sees a lazy relative import of a target (embed/build.py had one)
+    assert "orisha.targets.unikernel.image" in _imports(
+        "def f():\n    from ..targets.unikernel import image\n", "orisha.embed")
+
+
+def test_no_loop_is_chosen_outside_the_places_that_choose_it():
+    """``loop == "unikernel"`` and the like: only orisha/loops/__init__.py (the loop
+    bodies) and orisha/targets/ (the targets) compare a loop's name."""
+    compare = re.compile(r"""\bloop\b\)?\s*[!=]=|[!=]=\s*["'](?:epoll|io-uring|kqueue|asyncio|unikernel)["']""")
+    allowed = (os.path.join(ORISHA, "loops", "__init__.py"), os.path.join(ORISHA, "targets"))
+    found = [f"{os.path.relpath(p, ROOT)}:{i}" for p in _python_files()
+             if not p.startswith(allowed) for i, line in enumerate(open(p, encoding="utf-8"), 1)
+             if compare.search(line)]
+    assert not found, found

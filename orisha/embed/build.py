@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import assemble, auth, compress, emit, links, rules
 from .. import manifest
@@ -31,6 +31,16 @@ from ..loops import BUILD_CHOICES as LOOPS
 from .walk import SourceFile, walk
 
 RULE_FILES = ("_headers", "_redirects")  # read at the root, never served
+
+
+class Built(NamedTuple):
+    """What a build made, for a target that lays it out again (orisha/targets/)."""
+    docs: list  # the documents responses are made of (assemble.Document)
+    table: dict  # route key -> the route's answer (emit's table)
+    not_found: object  # the 404 document
+    fallback: str | None  # the fallback document's id
+    runtime: list  # the rules decided per request (rules.resolve)
+    assets: frozenset | None  # extensions the navigation-only fallback refuses
 
 
 @dataclass
@@ -66,18 +76,20 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           warn: Callable[[str], None] = lambda m: print(f"orisha: warning: {m}", file=sys.stderr),
           symlinks: str = "follow", headers: list[str] | tuple = (),
           redirects: list[str] | tuple = (), autoindex: bool = False,
-          tls: tuple[str, str] | None = None, fallback_all: bool = False,
-          strict_links: bool = False, basic_auth: list[str] | tuple = (),
-          early_hints: bool = True) -> Result:
+          fallback_all: bool = False, strict_links: bool = False,
+          basic_auth: list[str] | tuple = (), early_hints: bool = True,
+          also: Callable[[str, "Built"], None] | None = None) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
     (the behaviour before it answered navigations only: ``Site.assets``);
     ``strict_links``: a broken internal link is an error (nothing is written);
     ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py); ``early_hints``: a
     page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
-    over HTTP/2: orisha/protocols/hpack_blocks.py)."""
+    over HTTP/2: orisha/protocols/hpack_blocks.py); ``also``: a target's own output
+    (orisha/targets/), written into the same temporary folder from the build's documents
+    (``Built``) before it replaces OUT, so a target's failure leaves OUT as it was too."""
     started = time.monotonic()
-    areas, tls, fallback, not_found = _check_options(site, out, loop, basic_auth, tls,
-                                                     fallback, not_found)
+    areas, fallback, not_found = _check_options(site, out, loop, basic_auth, fallback,
+                                                not_found)
     overrides = cache_control or []
 
     files = walk(site, warn, symlinks)
@@ -114,35 +126,25 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
                    {"files": served, "bytes": totals}, compiled, assets, areas)
-        if loop == "unikernel":  # the image is linked from the same documents
-            from ..targets.unikernel import image
-            image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
+        if also is not None:
+            also(tmp, Built(docs.used, table, nf, fallback, compiled, assets))
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary)
 
 
-def _check_options(site: str, out: str, loop: str, basic_auth, tls, fallback, not_found):
-    """The options checked before anything is built: (auth areas, the image's checked
-    certificate and key, the fallback and not-found documents)."""
+def _check_options(site: str, out: str, loop: str, basic_auth, fallback, not_found):
+    """The options checked before anything is built: (auth areas, the fallback and
+    not-found documents)."""
     if loop not in LOOPS:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
-    if basic_auth and loop == "unikernel":
-        raise BuildError("--basic-auth: not with --loop unikernel (the booted image has no "
-                         "bcrypt to check passwords); serve the build hosted or as a container")
     areas = [auth.parse_option(v) for v in basic_auth]
-    if tls:  # (cert, key) for a kernel that serves TLS: checked before anything is built
-        if loop != "unikernel":
-            raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
-                             "(the hosted server takes them at `orisha serve`)")
-        from ..targets.unikernel.certs import check
-        tls = check(*tls)
     if not os.path.isdir(site):
         raise BuildError(f"{site}: no such directory" if not os.path.exists(site)
                          else f"{site}: not a directory")
     check_out(site, out)
     fallback = _check_doc(site, fallback, "--fallback")
     not_found = _check_doc(site, not_found, "--not-found")
-    return areas, tls, fallback, not_found
+    return areas, fallback, not_found
 
 
 def _check_links(site: str, files: list[SourceFile], datas: list[bytes], cache: str | None,

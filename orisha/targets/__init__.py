@@ -2,6 +2,39 @@
 
 - ``container``: ``build`` freezes Orisha into one static executable with the build
   appended; ``runtime`` is that executable's entry point.
-- ``unikernel``: ``image`` lays the site out for the C core and links the kernel;
-  ``boot`` runs it under QEMU; ``policy_header`` writes the C core's policy header.
+- ``unikernel``: ``build`` wraps the build step and adds the image, which ``image`` lays
+  out for the C core and links with the kernel; ``boot`` runs it under QEMU;
+  ``policy_header`` writes the C core's policy header.
+
+Strategy: a target wraps the build (orisha/embed/build.py knows no target). ``build``
+below is the one place a build is routed to its target, by ``--target`` and ``--loop``;
+each target is imported only when chosen.
 """
+
+from __future__ import annotations
+
+from .. import manifest
+from ..errors import BuildError
+
+UNIKERNEL = "unikernel"  # the loop name that means the booted image (loops.BUILD_CHOICES)
+
+
+def build(site: str, out: str, *, target: str = "server", loop: str = "auto",
+          tls: tuple[str, str] | None = None, **options):
+    """Build ``site`` into ``out`` for ``target`` (``server``/``container``) and ``loop``."""
+    if target == "container":
+        from .container.build import build as builder
+    elif loop == UNIKERNEL:
+        from .unikernel.build import build as builder
+        options["tls"] = tls
+    else:
+        from ..embed.build import build as builder
+    if tls and loop != UNIKERNEL:
+        raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
+                         "(the hosted server takes them at `orisha serve`)")
+    return builder(site, out, loop=loop, **options)
+
+
+def booted(out: str) -> bool:
+    """Whether the build in ``out`` is served by booting it (``orisha serve`` of an image)."""
+    return manifest.read(out).get("loop") == UNIKERNEL
