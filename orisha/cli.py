@@ -14,7 +14,7 @@ import sys
 import click
 
 from . import manifest
-from .core.policy import LIMITS, Limits
+from .core.policy import LIMITS, RANGES, Limits, Range
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import BuildError, OrishaError
@@ -40,6 +40,40 @@ class _Command(click.Command):
 
 class _Group(click.Group):
     command_class = _Command
+
+
+class _OneLine(click.UsageError):
+    """A bad option value: one line (``orisha: error: --port 80000: out of range …``),
+    exit status 2 as for every usage error, no usage text around it."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"orisha: error: {self.message}", err=True)
+
+
+class _Ranged(click.ParamType):
+    """A numeric option read by its ``Range`` (orisha/core/policy.py), the one place the
+    valid values are written: click, the container's argparse and the kernel read it."""
+
+    def __init__(self, r: Range) -> None:
+        self.range = r
+        self.name = r.kind.__name__
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # a default
+            return value
+        flag = param.opts[0] if param is not None else "value"
+        try:
+            return self.range.parse(str(value), flag)
+        except ValueError as e:
+            raise _OneLine(str(e), ctx) from None
+
+
+def _ranged(name: str, **kwargs):
+    """A click option whose values are checked against ``RANGES[name]``."""
+    r = RANGES[name]
+    help_text = kwargs.pop("help", "")
+    return click.option(f"--{name}", type=_Ranged(r), help=f"{help_text} ({r.text()})".strip(),
+                        **kwargs)
 
 
 def _cache_controls(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -131,8 +165,9 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
 def _limit_options(f):
     """One click option per limit in ``orisha.core.policy.LIMITS``."""
     for limit in reversed(LIMITS):
-        f = click.option(f"--{limit.flag}", limit.attr, type=type(limit.default),
-                         default=limit.default, show_default=True, help=limit.help)(f)
+        f = click.option(f"--{limit.flag}", limit.attr, type=_Ranged(limit.range),
+                         default=limit.default, show_default=True,
+                         help=f"{limit.help} ({limit.range.text()})")(f)
     return f
 
 
@@ -143,13 +178,13 @@ def _limit_options(f):
               "names; *.example.org: every name under it). Repeat it; the first answers "
               "unknown hosts. Instead of PATH.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, help="[default: 8080; 443 with --domain]")
-@click.option("--workers", type=int, help="Worker processes [default: one per core].")
+@_ranged("port", help="[default: 8080; 443 with --domain]")
+@_ranged("workers", help="Worker processes [default: one per core].")
 @click.option("--loop", type=click.Choice(LOOPS[:-1]), help="Override the loop recorded in the build.")
 @click.option("--fallback", metavar="FILE", help="When PATH is a site: SPA fallback document.")
 @click.option("--not-found", metavar="FILE", help="When PATH is a site: 404 document.")
 @click.option("--access-log", metavar="PATH", help="Append a common-log-format access log to PATH ('-': stdout). Off by default.")
-@click.option("--admin-port", type=int, metavar="PORT",
+@_ranged("admin-port", metavar="PORT",
               help="Serve /healthz, /readyz and Prometheus /metrics on PORT. Off by default.")
 @click.option("--admin-host", default="127.0.0.1", show_default=True, metavar="HOST",
               help="Address of the admin port (0.0.0.0: where a kubelet or a load balancer probes).")
@@ -159,9 +194,9 @@ def _limit_options(f):
 @click.option("--tls-key", metavar="FILE", multiple=True, help="PEM private key of --tls-cert.")
 @click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
               help="Oldest TLS version accepted.")
-@click.option("--http-port", type=int, metavar="PORT", help="With TLS: also listen on PORT "
+@_ranged("http-port", metavar="PORT", help="With TLS: also listen on PORT "
               "(plain HTTP), answering every request with a 308 to https (and ACME HTTP-01).")
-@click.option("--hsts", type=int, metavar="SECONDS",
+@_ranged("hsts", metavar="SECONDS",
               help="With TLS: Strict-Transport-Security: max-age=SECONDS on every response.")
 @click.option("--domain", "domains", multiple=True, metavar="NAME", help="Certificates from "
               "ACME (instead of --tls-cert): one certificate naming every --domain (repeatable). "
@@ -227,12 +262,12 @@ def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]
 @click.argument("path", type=click.Path())
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Host address QEMU forwards to the guest's port 80 (443 for an image built with TLS).")
-@click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+@_ranged("port", default=8080, show_default=True, help="0 picks a free port.")
 @click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default="auto", show_default=True,
               help="QEMU accelerator; auto is KVM when /dev/kvm is usable.")
-@click.option("--memory", type=int, metavar="MB",
+@_ranged("memory", metavar="MB",
               help="Guest RAM [default: the image's end, bss included, + 1 MiB].")
-@click.option("--http-port", type=int, metavar="PORT", help="For an image built with --tls-cert "
+@_ranged("http-port", metavar="PORT", help="For an image built with --tls-cert "
               "(whose TLS port --port reaches): also forward PORT to its plain port 80 (0: a free port).")
 @_limit_options
 def boot(path, host, port, accel, memory, http_port, **limits) -> None:
@@ -244,7 +279,7 @@ def boot(path, host, port, accel, memory, http_port, **limits) -> None:
 
 @main.command()
 @click.argument("url")
-@click.option("--timeout", default=3.0, show_default=True, type=float, help="Seconds to wait.")
+@_ranged("timeout", default=3.0, show_default=True, help="Seconds to wait.")
 def health(url, timeout) -> None:
     """Exit 0 if URL answers 2xx (e.g. http://127.0.0.1:9090/readyz), else 1 and why."""
     from .admin import check

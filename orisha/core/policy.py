@@ -10,6 +10,7 @@ second time anywhere else.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 # RFC 9110 §9.3: the methods a static site performs.
@@ -100,8 +101,47 @@ class Stat:
     ERROR = {status: len(STATS) + i for i, status in enumerate(ERROR_STATUSES)}
 
 
+class Range(NamedTuple):
+    """The values a numeric option accepts, both ends included (``high`` None: no upper end).
+
+    ``parse`` reads a command-line value by the one grammar every front end uses (click,
+    the container's argparse): optional ``-``, decimal digits, and for a float a fraction —
+    not Python's ``int``/``float`` quirks (``1_000``, ``nan``, ``inf``, ``0x10``).
+    """
+    low: int | float
+    high: int | float | None
+    kind: type = int
+
+    def text(self) -> str:
+        return f"{self.low}–{self.high}" if self.high is not None else f"≥ {self.low}"
+
+    def parse(self, text: str, name: str) -> int | float:
+        """The value of ``text``, or ValueError with one line naming ``name`` and the range."""
+        grammar = r"-?[0-9]+" if self.kind is int else r"-?[0-9]+(?:\.[0-9]+)?"
+        if not re.fullmatch(grammar, text.strip()):
+            what = "an integer" if self.kind is int else "a number"
+            raise ValueError(f"{name} {text!r}: not {what} (expected {self.text()})")
+        value = self.kind(text.strip())
+        if value < self.low or (self.high is not None and value > self.high):
+            raise ValueError(f"{name} {text.strip()}: out of range (expected {self.text()})")
+        return value
+
+
+# The numeric options that are not per-worker limits, by name (the CLI's, the container's).
+PORT = Range(0, 65535)  # 0: the kernel picks a free port (tests, `orisha boot --port 0`)
+RANGES = {
+    "port": PORT,
+    "http-port": PORT,
+    "admin-port": PORT,
+    "workers": Range(1, 1024),
+    "hsts": Range(0, 1 << 31),  # max-age in seconds; 0 tells browsers to forget (RFC 6797 §6.1.1)
+    "memory": Range(4, 1 << 20),  # MiB of guest RAM (the kernel and its arena need a few)
+    "timeout": Range(0.001, 3600.0, float),  # `orisha health` seconds
+}
+
+
 class Limit(NamedTuple):
-    """One configurable limit: its ``Limits`` attribute, default, CLI flag and meaning.
+    """One configurable limit: its ``Limits`` attribute, default, CLI flag, meaning, range.
 
     ``kernel``: whether the unikernel takes it (on its command line as
     ``orisha.<attr>=<value>``); pipelining and the stop grace have no meaning there.
@@ -110,19 +150,29 @@ class Limit(NamedTuple):
     default: int | float
     flag: str
     help: str
+    range: Range
     kernel: bool = True
 
 
+_SECONDS = Range(0.001, 86400.0, float)  # a timer below 1 ms, or above a day, is a typo
 LIMITS = (
-    Limit("connections", 10000, "max-connections", "Open connections per worker; more get 503."),
-    Limit("head", 8192, "head-limit", "Request head bytes (431 above)."),
-    Limit("target", 4096, "target-limit", "Request-target bytes (414 above)."),
-    Limit("body", 1 << 20, "body-limit", "Request body bytes read and discarded (413 above)."),
-    Limit("idle_timeout", 15.0, "idle-timeout", "Seconds an idle keep-alive connection stays open."),
-    Limit("head_timeout", 10.0, "head-timeout", "Seconds to receive a started request head."),
-    Limit("send_timeout", 60.0, "send-timeout", "Seconds a client may take nothing before it is dropped."),
-    Limit("pipeline", 32, "pipeline", "Pipelined requests answered per round.", kernel=False),
-    Limit("grace", 8.0, "grace", "Seconds in-flight responses may take after a stop.", kernel=False),
+    Limit("connections", 10000, "max-connections", "Open connections per worker; more get 503.",
+          Range(1, 1 << 20)),
+    # A head below 64 bytes cannot hold a request line and a Host field.
+    Limit("head", 8192, "head-limit", "Request head bytes (431 above).", Range(64, 1 << 20)),
+    Limit("target", 4096, "target-limit", "Request-target bytes (414 above).", Range(1, 1 << 20)),
+    Limit("body", 1 << 20, "body-limit", "Request body bytes read and discarded (413 above).",
+          Range(0, 1 << 40)),
+    Limit("idle_timeout", 15.0, "idle-timeout", "Seconds an idle keep-alive connection stays open.",
+          _SECONDS),
+    Limit("head_timeout", 10.0, "head-timeout", "Seconds to receive a started request head.",
+          _SECONDS),
+    Limit("send_timeout", 60.0, "send-timeout", "Seconds a client may take nothing before it is dropped.",
+          _SECONDS),
+    Limit("pipeline", 32, "pipeline", "Pipelined requests answered per round.", Range(1, 1024),
+          kernel=False),
+    Limit("grace", 8.0, "grace", "Seconds in-flight responses may take after a stop.",
+          Range(0.0, 86400.0, float), kernel=False),
 )
 
 

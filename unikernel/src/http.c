@@ -833,14 +833,29 @@ static int option(const char *name, uint64_t scale, uint64_t *out)
     return 0;
 }
 
+/* A value outside its limit's range (POLICY_LIMIT_RANGES) keeps the default, and says so. */
+static int within(const char *name, uint64_t v, uint64_t low, uint64_t high)
+{
+    if (v >= low && v <= high)
+        return 1;
+    platform_printf("orisha: ignoring out-of-range option orisha.%s (expected %lu to %lu, "
+                    "timeouts in ms)\n", name, (unsigned long)low, (unsigned long)high);
+    return 0;
+}
+
+#define LIMIT_BOUNDS(name, low, high) \
+    static const uint64_t name##_low = low, name##_high = high;
+POLICY_LIMIT_RANGES(LIMIT_BOUNDS)
+#undef LIMIT_BOUNDS
+
 /* Every limit in POLICY_LIMITS (generated from orisha/core/policy.py LIMITS) as
- * orisha.<name>=<value>, the value times its scale (seconds become ms). */
+ * orisha.<name>=<value>, the value times its scale (seconds become ms), within its range. */
 static void limits_from_cmdline(void)
 {
     struct core_limits *l = &core_limits;
     uint64_t v;
-#define LIMIT_FROM_CMDLINE(name, def, scale) \
-    if (option(#name, scale, &v))            \
+#define LIMIT_FROM_CMDLINE(name, def, scale)                                     \
+    if (option(#name, scale, &v) && within(#name, v, name##_low, name##_high)) \
         l->name = v;
     POLICY_LIMITS(LIMIT_FROM_CMDLINE)
 #undef LIMIT_FROM_CMDLINE

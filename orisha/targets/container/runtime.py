@@ -87,13 +87,21 @@ def load_site(path: str | None = None):
 def parser():
     import argparse
 
-    from ...core.policy import LIMITS
+    from ...core.policy import LIMITS, RANGES
     env = os.environ.get
+
+    def ranged(r, flag):  # the range of orisha/core/policy.py, as `orisha serve` checks it
+        def parse(text):
+            try:
+                return r.parse(text, flag)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return parse
     p = argparse.ArgumentParser(
         prog="orisha", description="Serve the static site built into this executable.")
     p.add_argument("--host", default=env("HOST", "0.0.0.0"),
                    help="Address to listen on [$HOST, default 0.0.0.0].")
-    p.add_argument("--port", type=int, default=int(env("PORT", "8080")),
+    p.add_argument("--port", type=ranged(RANGES["port"], "--port"), default=env("PORT", "8080"),
                    help="Port to listen on [$PORT, default 8080].")
     p.add_argument("--workers", type=int, default=int(env("WORKERS", "0")) or None,
                    help="Worker processes [$WORKERS, default one per core].")
@@ -114,8 +122,9 @@ def parser():
                         "answers unknown hosts.")
     _tls_options(p, env)
     for limit in LIMITS:
-        p.add_argument(f"--{limit.flag}", dest=limit.attr, type=type(limit.default),
-                       default=limit.default, help=f"{limit.help} [default {limit.default}]")
+        p.add_argument(f"--{limit.flag}", dest=limit.attr, default=limit.default,
+                       type=ranged(limit.range, f"--{limit.flag}"),
+                       help=f"{limit.help} [default {limit.default}, {limit.range.text()}]")
     p.add_argument("--info", action="store_true",
                    help="Print the embedded build's manifest and exit.")
     return p

@@ -58,18 +58,25 @@ def _methods_and_statuses() -> list[str]:
 def _limits() -> list[str]:
     """X(name, default, scale): ``orisha.<name>=<value>`` on the kernel command line; the
     core holds value x scale (limits in seconds, the Python floats, as milliseconds)."""
-    rows, defaults = [], []
+    rows, ranges, defaults = [], [], []
     for limit in policy.LIMITS:
         if not limit.kernel:
             continue
         scale = 1000 if isinstance(limit.default, float) else 1
         default = round(limit.default * scale)
         rows.append(f"    X({limit.attr}, {default}ull, {scale})")
+        low, high = limit.range.low, limit.range.high
+        ranges.append(f"    X({limit.attr}, {round(low * scale)}ull, "
+                      f"{str(round(high * scale)) + 'ull' if high is not None else 'UINT64_MAX'})")
         defaults.append(f"#define POLICY_DEFAULT_{limit.attr.upper()} {default}ull")
     return ["/* The limits the kernel takes (policy.LIMITS): X(name, default, scale), read",
             " * from orisha.<name>=<value> on the command line and held as value x scale",
             " * (seconds as milliseconds). */",
-            "#define POLICY_LIMITS(X) \\", " \\\n".join(rows), *defaults]
+            "#define POLICY_LIMITS(X) \\", " \\\n".join(rows),
+            "/* Their valid values (policy.LIMITS' ranges), scaled alike: X(name, low, high);",
+            " * a value outside is ignored with a line on the console, as `orisha boot`",
+            " * refuses it. */",
+            "#define POLICY_LIMIT_RANGES(X) \\", " \\\n".join(ranges), *defaults]
 
 
 def _grammar() -> list[str]:
