@@ -2,8 +2,11 @@
 
 Every port, probe path, user, signal and grace a manifest names must be the
 one the image serves: read here from the Dockerfile and from the code, never
-typed a second time in the test. (tests/test_container.py runs the image under
-the same constraints: read-only root, the /tmp volume, the user, no capabilities.)
+typed a second time in the test. The objects checked are what ``kubectl kustomize``
+renders (this machine's kubectl, kustomize v5), the base and each overlay, so a layout
+kustomize refuses (an overlay inside its own base: "cycle detected") fails here.
+(tests/test_container.py runs the image under the same constraints: read-only root,
+the /tmp volume, the user, no capabilities.)
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import signal
+import subprocess
 
 import pytest
 from conftest import ROOT
@@ -23,6 +28,24 @@ from orisha.targets.container import runtime
 yaml = pytest.importorskip("yaml")
 
 DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
+BASE = os.path.join(DEPLOY, "base")
+OVERLAYS = os.path.join(DEPLOY, "overlays")
+
+
+def kustomizations() -> list[str]:
+    """Every folder under deploy/ with a kustomization."""
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "deploy", "**",
+                                                                     "kustomization.yaml"),
+                                                        recursive=True))
+
+
+def render(folder: str) -> list[dict]:
+    """The objects ``kubectl kustomize folder`` renders (kubectl must be there: no skip)."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not installed (this machine kind has it: /usr/bin/kubectl)"
+    r = subprocess.run([kubectl, "kustomize", folder], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"kubectl kustomize {os.path.relpath(folder, ROOT)}: {r.stderr}"
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
 def dockerfile() -> dict[str, list[str]]:
@@ -47,18 +70,17 @@ def image_env() -> dict[str, str]:
     return env
 
 
-def manifests() -> dict[str, dict]:
-    docs = {}
-    for path in sorted(glob.glob(os.path.join(DEPLOY, "*.yaml"))):
-        with open(path) as f:
-            for doc in yaml.safe_load_all(f):
-                docs[doc["kind"]] = doc
-    return docs
+def by_kind(docs: list[dict]) -> dict[str, dict]:
+    out = {}
+    for doc in docs:
+        assert doc["kind"] not in out, f"two {doc['kind']} objects"
+        out[doc["kind"]] = doc
+    return out
 
 
 @pytest.fixture(scope="module")
 def k8s():
-    return manifests()
+    return by_kind(render(BASE))
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +115,23 @@ def served_ports() -> tuple[int, int]:
     return args.port, args.admin_port
 
 
-def test_every_manifest_parses_and_the_kustomization_lists_them(k8s):
-    assert set(k8s) == {"Deployment", "Service", "PodDisruptionBudget", "Kustomization"}
-    listed = set(k8s["Kustomization"]["resources"])
-    assert listed == {os.path.basename(p) for p in glob.glob(os.path.join(DEPLOY, "*.yaml"))
-                      if not p.endswith("kustomization.yaml")}
+def test_every_kustomization_renders_and_lists_its_files():
+    """The base and both overlays render; each lists every manifest beside it (none forgotten)."""
+    folders = kustomizations()
+    assert folders == [BASE, os.path.join(OVERLAYS, "tls-acme"),
+                       os.path.join(OVERLAYS, "tls-cert-manager")]
+    for folder in folders:
+        assert render(folder)
+        with open(os.path.join(folder, "kustomization.yaml")) as f:
+            k = yaml.safe_load(f)
+        named = set(k.get("resources", [])) | {p["path"] for p in k.get("patches", []) if "path" in p}
+        beside = {os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.yaml"))
+                  if not p.endswith("kustomization.yaml")}
+        assert beside <= named, (folder, beside - named)
+
+
+def test_the_base_renders_the_three_objects(k8s):
+    assert set(k8s) == {"Deployment", "Service", "PodDisruptionBudget"}
 
 
 def test_ports_are_the_ones_the_image_serves(k8s, pod, container):
@@ -173,3 +207,65 @@ def test_rollouts_and_disruptions_keep_replicas_serving(k8s, pod):
     pdb = k8s["PodDisruptionBudget"]["spec"]
     # A budget that allows no disruption would block every node drain.
     assert pdb.get("maxUnavailable", 0) >= 1 or pdb["minAvailable"] < spec["replicas"]
+
+
+def _env_args(container: dict):
+    """The executable's options under the image's ENV and the container's env."""
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(image_env())
+        os.environ.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+        return runtime.parser().parse_args(container.get("args", []))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _overlay(name: str):
+    objs = by_kind(render(os.path.join(OVERLAYS, name)))
+    (c,) = objs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return objs, c
+
+
+def _ports_line_up(objs: dict, c: dict) -> None:
+    """The ports the executable binds under the env are the container's named ports, and
+    the Service targets them by name, h3 over UDP on the TLS port's number."""
+    args = _env_args(c)
+    named = {p["name"]: (p["containerPort"], p.get("protocol", "TCP")) for p in c["ports"]}
+    assert named["https"] == (args.port, "TCP") and named["h3"] == (args.port, "UDP")
+    assert named["http"] == (args.http_port, "TCP") and args.http3
+    for p in objs["Service"]["spec"]["ports"]:
+        assert p["targetPort"] in named and named[p["targetPort"]][1] == p.get("protocol", "TCP")
+    assert named["admin"] == (args.admin_port, "TCP")
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[kind]["httpGet"]["port"] in named, kind
+    help_text = runtime.parser().format_help()
+    assert all(f"${e['name']}" in help_text for e in c["env"])
+
+
+def test_the_acme_overlay_renders_one_replica_with_its_state_volume():
+    objs, c = _overlay("tls-acme")
+    spec = objs["Deployment"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    args = _env_args(c)
+    assert args.domains is None or args.domains  # DOMAINS from the env is read at run time
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["state"] == args.state
+    (claim,) = [v for v in spec["template"]["spec"]["volumes"] if v["name"] == "state"]
+    assert claim["persistentVolumeClaim"]["claimName"] == objs["PersistentVolumeClaim"]["metadata"]["name"]
+    assert objs["Service"]["spec"]["type"] == "LoadBalancer"
+    _ports_line_up(objs, c)
+
+
+def test_the_cert_manager_overlay_mounts_the_secret_the_certificate_names():
+    objs, c = _overlay("tls-cert-manager")
+    spec = objs["Deployment"]["spec"]
+    assert spec["replicas"] >= 2 and spec["strategy"]["type"] == "RollingUpdate"
+    args = _env_args(c)
+    (tls,) = [v for v in spec["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["secretName"] == objs["Certificate"]["spec"]["secretName"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tls"]
+    assert "subPath" not in mount  # a subPath file is never updated on renewal
+    assert os.path.dirname(args.tls_cert) == mount["mountPath"] == os.path.dirname(args.tls_key)
+    _ports_line_up(objs, c)
