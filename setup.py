@@ -44,6 +44,7 @@ from setuptools.command.build_py import build_py
 # -g0: no debug info (the interpreter's CFLAGS often carry -g): a third less compile time for
 # the core's generated C, and release-sized modules.
 EXTRA = ["-O2", "-g0"]
+JOBS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 HERE = os.path.dirname(os.path.abspath(__file__))
 # What the wheel copies from the repository: (source, destination inside the package).
 PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")),
@@ -93,7 +94,10 @@ def extensions() -> list:
     else:  # liburing==2024.5.3 has wheels up to Python 3.11 only (pyproject.toml)
         _SKIPPED.append("orisha.loops.compiled_io_uring (liburing not installed)")
     # annotation_typing off: the .py's annotations document, the .pxd types.
-    return cythonize(exts, language_level=3, quiet=True,
+    # Every core at once: Cython's C generation per module (nthreads) here, and the C
+    # compiles in build_ext (``OptionalBuildExt.finalize_options``): the core's and h2's
+    # generated C take most of an install's time.
+    return cythonize(exts, language_level=3, quiet=True, nthreads=JOBS,
                      compiler_directives={"boundscheck": False, "wraparound": False,
                                           "annotation_typing": False})
 
@@ -119,6 +123,11 @@ FROM_PY = {"connection.": "orisha.core.connection", "h2.": "orisha.protocols.h2"
 
 class OptionalBuildExt(build_ext):
     """Build what compiles; a missing or broken compiler leaves the pure modules."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:  # build_ext -j N: the extensions compile side by side
+            self.parallel = JOBS
 
     def run(self) -> None:
         self.built: list[str] = []
