@@ -4,7 +4,8 @@ docs/ is built through the CLI with --strict-links (no internal href, src, srcse
 url() that would get a 404), served by `orisha serve` on a loopback port, and every page is
 fetched over a real socket: 200, the page's own bytes, its own <title>, and a nav that links
 every page. README.md stays at most 250 lines, each of its relative links names a file of the
-checkout, and each manual page it links is one the built manual serves. A copy of docs/ with
+checkout, and each manual page it links is one the built manual serves. Links to a section
+(page.html#id) must name an id of that page. A copy of docs/ with
 one link to a missing file must fail the strict build, so the check can fail.
 """
 
@@ -109,6 +110,22 @@ def test_the_root_is_the_index(served):
     assert r.status == 200
     with open(os.path.join(DOCS, "index.html"), "rb") as f:
         assert r.body == f.read()
+
+
+def test_every_fragment_a_page_links_is_an_id_of_its_target():
+    # --strict-links checks paths only; the manual's cross-references name sections too.
+    ids = {}
+    for name in PAGES:
+        with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+            ids[name] = set(re.findall(r'\sid="([^"]+)"', f.read()))
+    dangling = []
+    for name in PAGES:
+        with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+            for href in re.findall(r'href="([^"#:]*)#([^"]*)"', f.read()):
+                target = href[0] or name
+                if target in ids and href[1] not in ids[target]:
+                    dangling.append(f"{name}: {href[0]}#{href[1]}")
+    assert not dangling, dangling
 
 
 def test_a_link_to_a_missing_file_fails_the_strict_build(tmp_path):
