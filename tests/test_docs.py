@@ -128,6 +128,36 @@ def test_every_fragment_a_page_links_is_an_id_of_its_target():
     assert not dangling, dangling
 
 
+def limit_rows() -> dict[str, tuple[str, str]]:
+    """serve.html's limits table: option flag → (default, accepted range) as written."""
+    with open(os.path.join(DOCS, "serve.html"), encoding="utf-8") as f:
+        text = f.read()
+    table = text[text.index('<table id="limits-table">'):]
+    table = table[:table.index("</table>")]
+    rows = {}
+    for cells in re.findall(r"<tr>(.*?)</tr>", table, re.S):
+        td = re.findall(r"<td[^>]*>(.*?)</td>", cells, re.S)
+        if td:
+            flag = re.search(r"<code>--([a-z-]+)", td[1]).group(1)
+            rows[flag] = (td[2], td[3])
+    return rows
+
+
+def test_the_manual_states_every_limit_as_the_policy_has_it():
+    # One source of truth: the limits, their defaults and ranges are core/policy.py's; the
+    # hand-written table must say the same (a changed default fails here until it is updated).
+    from orisha.core import policy
+    rows = limit_rows()
+    assert set(rows) == {limit.flag for limit in policy.LIMITS}
+    for limit in policy.LIMITS:
+        default, accepted = rows[limit.flag]
+        assert float(default) == limit.default, limit.flag
+        rng = getattr(limit, "range", None)  # the ranges of issue 34's range checks
+        if rng is not None:
+            low, _, high = accepted.partition("–")
+            assert (float(low), float(high)) == (rng.low, rng.high), limit.flag
+
+
 def test_a_link_to_a_missing_file_fails_the_strict_build(tmp_path):
     site = tmp_path / "docs"
     shutil.copytree(DOCS, site)
