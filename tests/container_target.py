@@ -147,7 +147,7 @@ class Container:
 
 
 def pod_constraints() -> tuple[str, list[str]]:
-    """(user, docker run options) that impose what deploy/kubernetes/deployment.yaml asks of
+    """(user, docker run options) that impose what deploy/kubernetes/base/deployment.yaml asks of
     the pod: its user, read-only root, the /tmp volume, no capabilities or privilege
     escalation, its CPU and memory limits, and the worker count it derives from them."""
     import yaml

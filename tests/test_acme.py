@@ -533,12 +533,12 @@ def test_issuance_on_every_hosted_loop(build, pebble, tmp_path, loop):
 
 @pytest.mark.parametrize("overlay", ["tls-cert-manager", "tls-acme"])
 def test_the_kubernetes_overlays_name_what_the_executable_reads(overlay):
-    """deploy/kubernetes/<overlay>: the env the container's entry point reads, the ports it
+    """deploy/kubernetes/overlays/<overlay>: the env the container's entry point reads, the ports it
     then serves, the Secret mounted as a folder (watched: never subPath) or the state volume."""
     yaml = pytest.importorskip("yaml")
     from conftest import ROOT
     from orisha.targets.container import runtime
-    folder = os.path.join(ROOT, "deploy", "kubernetes", overlay)
+    folder = os.path.join(ROOT, "deploy", "kubernetes", "overlays", overlay)
     with open(os.path.join(folder, "kustomization.yaml")) as f:
         kust = yaml.safe_load(f)
     for r in kust["resources"][1:] + [p["path"] for p in kust["patches"] if "path" in p]:
@@ -554,7 +554,7 @@ def test_the_kubernetes_overlays_name_what_the_executable_reads(overlay):
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"] if "name" in p}  # not $patch
     assert (args.port, args.http_port) == (ports["https"], ports["http"])
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert all("subPath" not in m for m in mounts.values())
