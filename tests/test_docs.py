@@ -203,3 +203,55 @@ def test_every_manual_page_the_readme_links_is_served(served):
             assert r.status == 200, page
     finally:
         conn.close()
+
+
+def _readme_commands() -> list[list[str]]:
+    """Every ``orisha COMMAND …`` the README shows in a shell block, as words (comments,
+    continuations and `&&` chains taken apart)."""
+    import shlex
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in re.split(r"&&|;", line.split(" #")[0]):
+                words = shlex.split(part)
+                if words and words[0] in ("orisha", ".venv/bin/orisha"):
+                    out.append(words[1:])
+    return out
+
+
+def test_every_orisha_command_in_the_readme_names_options_that_exist():
+    """The README's commands as written: each subcommand exists and each option it gives is
+    one of that subcommand's (a renamed flag fails here, not at a newcomer's prompt)."""
+    from orisha import cli
+    commands = _readme_commands()
+    assert len(commands) >= 8, commands
+    for words in commands:
+        sub = cli.main.commands.get(words[0])
+        assert sub is not None, words
+        known = {o for p in sub.params for o in p.opts + p.secondary_opts}
+        for w in words[1:]:
+            if w.startswith("--"):
+                assert w.split("=")[0] in known, (words, w)
+
+
+def test_the_readme_serves_the_manual_as_it_says():
+    """`orisha serve docs` (the README's line): a real server on the manual's source folder,
+    built into the cache first, answering the index page."""
+    import subprocess
+    from conftest import RUN_DIR, orisha_cmd
+    proc = subprocess.Popen([*orisha_cmd(), "serve", DOCS, "--port", "0", "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=RUN_DIR)
+    built = proc.stdout.readline()  # a site folder is built into the cache first, and says so
+    assert built.startswith("built "), built
+    s = Server(DOCS, proc=proc)
+    try:
+        conn = Conn(s.port)
+        try:
+            r = conn.request("/")
+        finally:
+            conn.close()
+        with open(os.path.join(DOCS, "index.html"), "rb") as f:
+            assert r.status == 200 and r.body == f.read()
+    finally:
+        assert s.stop() == 0
