@@ -56,7 +56,10 @@ def _summary(r) -> str:
     parts = [f"{c} {r.bytes[c]:,} ({r.bytes[c] / ident:.0%})" for c in ("gzip", "br", "zstd")
              if r.bytes[c]]
     return (f"built {r.out}: {r.files} files, {r.bytes['identity']:,} bytes"
-            + (f"; {', '.join(parts)} of identity" if parts else "") + f" in {r.seconds:.1f}s")
+            + (f"; {', '.join(parts)} of identity" if parts else "")
+            + (f"; {r.dictionaries} dictionaries, {r.deltas} dcz deltas {r.bytes['dcz']:,} bytes, "
+               f"history {r.history_bytes:,} bytes" if getattr(r, "dictionaries", 0) else "")
+            + f" in {r.seconds:.1f}s")
 
 
 @click.group(cls=_Group)
@@ -104,12 +107,20 @@ def main() -> None:
 @click.option("--strict-links", is_flag=True,
               help="A broken internal link (href, src, srcset, CSS url() the site does not "
                    "answer) is an error: exit 1, nothing written. By default: one warning each.")
+# 3 and 16: orisha.embed.dictionaries.DEFAULT_KEEP and MAX_KEEP (not imported: a serving
+# process does not load the build step).
+@click.option("--dictionaries", "keep", type=click.IntRange(1, 16), default=3, show_default=True,
+              metavar="K", help="Compression dictionaries (RFC 9842): JS, CSS, wasm, JSON and "
+              "pages announce Use-As-Dictionary, and a returning browser holding a version from "
+              "one of the last K builds into OUT gets a dcz delta from it.")
+@click.option("--no-dictionaries", is_flag=True,
+              help="No Use-As-Dictionary, no dcz deltas, no history kept in OUT.")
 @click.option("--tls-cert", metavar="FILE", help="With --loop unikernel: PEM certificate (chain "
               "allowed) built into the image, which then serves TLS on port 443.")
 @click.option("--tls-key", metavar="FILE", help="With --loop unikernel: PEM private key of --tls-cert.")
 def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_cache, target,
           symlinks, headers, redirects, autoindex, basic_auth, no_early_hints, strict_links,
-          tls_cert, tls_key) -> None:
+          keep, no_dictionaries, tls_cert, tls_key) -> None:
     """Compile SITE into responses in OUT."""
     if fallback_all and not fallback:
         raise click.UsageError("--fallback-all goes with --fallback FILE")
@@ -125,7 +136,8 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
                 cache_control=_cache_controls(cache_control), loop=loop,
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
                 symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex,
-                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth, early_hints=not no_early_hints, **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
+                fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth, early_hints=not no_early_hints,
+                keep=0 if no_dictionaries else keep, **({"tls": (tls_cert, tls_key)} if tls_cert else {}))
     click.echo(_summary(r))
 
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import assemble, auth, compress, emit, links, rules
+from . import assemble, auth, compress, dictionaries, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
@@ -40,6 +40,9 @@ class Result:
     bytes: dict[str, int]
     seconds: float
     summary: str
+    dictionaries: int = 0   # responses announced with Use-As-Dictionary
+    deltas: int = 0         # dcz variants kept (their bytes: ``bytes["dcz"]``)
+    history_bytes: int = 0  # earlier bodies kept in OUT/dictionaries for the next build
 
 
 def _check_doc(site: str, rel: str | None, option: str) -> str | None:
@@ -68,13 +71,16 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           redirects: list[str] | tuple = (), autoindex: bool = False,
           tls: tuple[str, str] | None = None, fallback_all: bool = False,
           strict_links: bool = False, basic_auth: list[str] | tuple = (),
-          early_hints: bool = True) -> Result:
+          early_hints: bool = True, keep: int = dictionaries.DEFAULT_KEEP,
+          history: str | None = None) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
     (the behaviour before it answered navigations only: ``Site.assets``);
     ``strict_links``: a broken internal link is an error (nothing is written);
     ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py); ``early_hints``: a
     page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
-    over HTTP/2: orisha/protocols/hpack_blocks.py)."""
+    over HTTP/2: orisha/protocols/hpack_blocks.py); ``keep``: compression dictionaries
+    (orisha/embed/dictionaries.py) from the last ``keep`` builds kept in ``history`` (the
+    build folder that receives them, OUT by default), 0 for none."""
     started = time.monotonic()
     areas, tls, fallback, not_found = _check_options(site, out, loop, basic_auth, tls,
                                                      fallback, not_found)
@@ -89,6 +95,9 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     cache = compress.default_cache_dir() if cache == "" else cache
     files, datas, encoded = _contents(files, cache, progress, autoindex)
     docs = _Documents(files, datas, encoded, overrides, header_rules, areas)
+    past = dictionaries.History(out if history is None else history, keep)
+    if keep:
+        docs.dictionaries(past, cache, progress)
     docs.table = assemble.routes([f.rel for f in files])
     resolved, runtime = rules.resolve(docs.table, redirect_rules)
     compiled = [docs.rule(r) for r in runtime]
@@ -108,17 +117,26 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
     totals = _totals(docs, served)
+    deltas = totals.pop("dcz_count")
     summary = (f"{served} files, {totals['identity']} bytes"
-               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c]))
+               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c])
+               + (f", {len(docs.announced)} dictionaries, {deltas} dcz deltas "
+                  f"{totals['dcz']}" if keep else ""))
+    history_bytes = [0]
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
                    {"files": served, "bytes": totals}, compiled, assets, areas)
+        if keep:  # the bodies the next build's deltas start from
+            kept = dictionaries.write(tmp, docs.announced, past, keep)
+            manifest.update(tmp, dictionaries=kept)
+            history_bytes[0] = kept["history_bytes"]
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
             image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
     replace_dir(out, write)
-    return Result(out, served, totals, time.monotonic() - started, summary)
+    return Result(out, served, totals, time.monotonic() - started, summary,
+                  len(docs.announced), deltas, history_bytes[0])
 
 
 def _check_options(site: str, out: str, loop: str, basic_auth, tls, fallback, not_found):
@@ -194,10 +212,14 @@ def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoin
 
 def _totals(docs: "_Documents", served: int) -> dict[str, int]:
     """Bytes per coding over the site's own files, counting the variants the build keeps."""
-    totals = {c: 0 for c in ("identity", *compress.CODINGS)}
+    totals = {c: 0 for c in ("identity", *compress.CODINGS, "dcz", "dcz_count")}
     for i in range(served):
-        for v in docs.base(i).variants:
+        doc = docs.base(i)
+        for v in doc.variants:
             totals[v.coding] += len(v.body)
+        for _, v in doc.deltas:
+            totals["dcz"] += len(v.body)
+            totals["dcz_count"] += 1
     return totals
 
 
@@ -234,6 +256,36 @@ class _Documents:
         self._base: dict[int, assemble.Document] = {}
         self._rules: dict[int, emit.CompiledRule] = {}
         self.table: dict = {}  # the routes of the files alone (assemble.routes)
+        self.match: dict[int, str] = {}  # file index → its Use-As-Dictionary pattern
+        self.deltas: dict[int, tuple] = {}  # file index → (sha, key, dcz body) per earlier body
+        self.announced: dict[str, tuple[str, bytes]] = {}  # path → (pattern, body)
+
+    def dictionaries(self, past: "dictionaries.History", cache: str | None,
+                     progress: bool) -> None:
+        """Which files are announced as dictionaries, and their deltas from ``past``."""
+        from .mime import content_type
+        import hashlib
+        worth = [i for i, f in enumerate(self.files)
+                 if self.encoded[i] and dictionaries.worth(content_type(f.rel), len(self.datas[i]))]
+        pats = dictionaries.patterns([self.files[i].rel for i in worth])
+        cache = compress.default_cache_dir() if cache == "" else cache
+        jobs = []
+        for i in worth:
+            rel, data = self.files[i].rel, self.datas[i]
+            self.match[i] = pats[rel]
+            self.announced[assemble.url_key(rel).decode("utf-8", "surrogateescape")] = (
+                pats[rel], data)
+            for e in past.earlier(pats[rel], hashlib.sha256(data).digest()):
+                jobs.append((i, e))
+        with contextlib.ExitStack() as stack:
+            bar = (stack.enter_context(_Progress("dictionary deltas", len(jobs),
+                                                 sum(len(self.datas[i]) for i, _ in jobs)))
+                   if progress and jobs else None)
+            for i, e in jobs:
+                body = dictionaries.cached_encode(self.datas[i], e.data, cache)
+                self.deltas.setdefault(i, []).append((e.sha, dictionaries.available(e.sha), body))
+                if bar:
+                    bar.done(len(self.datas[i]))
 
     def headers(self, path: str, rel: str, hints: bool = True) -> tuple:
         """The author's fields for a path, after the page's early hints (a ``Link`` that
@@ -247,8 +299,12 @@ class _Documents:
              private: bool = False) -> assemble.Document:
         i = self.index[rel]
         f = self.files[i]
+        ok = status == "200 OK"  # a dictionary is a successful response (RFC 9842 §2.1)
+        match = self.match.get(i) if ok else None
         return assemble.document(rel, self.datas[i], f.mtime, self.encoded[i], self.overrides,
-                                 status=status, headers=headers, private=private)
+                                 status=status, headers=headers, private=private,
+                                 dictionary=dictionaries.field(match) if match else None,
+                                 deltas=tuple(self.deltas.get(i, ())) if ok else ())
 
     def base(self, i: int):
         """The plain document of file ``i`` (200, no author headers)."""
