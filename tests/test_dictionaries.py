@@ -384,3 +384,104 @@ def test_varnish_in_front_keeps_the_variants_apart(two_builds, tmp_path):
         proc.terminate()
         proc.wait(20)
         s.stop()
+
+
+# -- a real browser: Chromium over HTTPS on a named host, across a rebuild and a reload -------
+
+HOST = "shop.orisha.test"
+# Chromium uses dictionaries only over a certificate from a publicly trusted root (or on
+# localhost) unless told otherwise: a middlebox with its own CA might mangle dcz. The test's
+# CA is no such root, so the check is turned off (a real deployment needs nothing).
+FEATURES = "--disable-features=CompressionDictionaryTransportRequireKnownRootCert"
+
+
+def _leaf_for(pki, name: str, folder) -> tuple[str, str]:  # noqa: F811
+    """A certificate for ``name`` from the session's test CA: (chain file, key file)."""
+    folder = str(folder)
+    with open(os.path.join(folder, "leaf.ext"), "w") as f:
+        f.write(f"subjectAltName=DNS:{name}\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    run = lambda *a: subprocess.run(["openssl", *a], cwd=folder, check=True,  # noqa: E731
+                                    capture_output=True, timeout=60)
+    run("req", *ec, "-keyout", "key.pem", "-out", "leaf.csr", "-subj", f"/CN={name}")
+    run("x509", "-req", "-in", "leaf.csr", "-CA", pki.ca, "-CAkey",
+        os.path.join(pki.dir, "ca.key"), "-CAcreateserial", "-out", "leaf.pem", "-days", "2",
+        "-extfile", "leaf.ext")
+    with open(os.path.join(folder, "chain.pem"), "wb") as out:
+        for n in (os.path.join(folder, "leaf.pem"), pki.ca):
+            with open(n, "rb") as f:
+                out.write(f.read())
+    return os.path.join(folder, "chain.pem"), os.path.join(folder, "key.pem")
+
+
+def _title(port: int, pki) -> str:  # noqa: F811
+    from tlsutil import client_context
+    import ssl
+    ctx = client_context(pki, alpn=("http/1.1",))
+    ctx.check_hostname = False  # the name is the test's: the CA is what is checked
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname=HOST) as sock:
+        sock.sendall(f"GET / HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ssl.SSLZeroReturnError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    return data.split(b"<title>", 1)[1].split(b"</title>", 1)[0].decode()
+
+
+@pytest.mark.slow
+def test_chromium_gets_a_delta_after_a_rebuild_and_a_reload(tmp_path, pki):  # noqa: F811
+    """Chromium loads v1 over HTTPS on a named host; the site is rebuilt as v2 into the same
+    folder and the server reloaded with SIGHUP; on its next visit Chromium sends
+    Available-Dictionary for v1's app script, gets v2's as dcz, and the page runs it."""
+    from browser import chromium, load_pages
+    from tlsutil import serve, trusting_chromium
+    assert chromium() is not None, "no Chromium (apt-get install chromium; ./dev test does)"
+    site, out = tmp_path / "site", tmp_path / "out"
+    v1 = make_site(site, 1)
+    build(site, out)
+    chain, key = _leaf_for(pki, HOST, tmp_path)
+    s = serve(str(out), "--workers", "1", "--tls-cert", chain, "--tls-key", key, *TEST_LIMITS)
+    wrapper = trusting_chromium(os.path.join(str(tmp_path), "leaf.pem"), tmp_path)
+    with open(wrapper) as f:
+        script = f.read()
+    with open(wrapper, "w") as f:  # the named host resolves to the test's server
+        f.write(script.replace(' "$@"', f' "--host-resolver-rules=MAP {HOST} 127.0.0.1" {FEATURES} "$@"'))
+
+    def between(i: int) -> None:
+        if i == 1:  # the second visit: version 2, built into the folder being served
+            make_site(site, 2)
+            assert "3 dcz deltas" in build(site, out)
+            s.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 20
+            while _title(s.port, pki) != "v2":
+                assert time.monotonic() < deadline, "the reload did not serve v2"
+                time.sleep(0.2)
+
+    url = f"https://{HOST}:{s.port}/"
+    try:
+        first, second = load_pages([url, url], timeout=20, executable=wrapper, before=between,
+                                   evaluate="document.title")
+    finally:
+        s.stop()
+    assert first.ok and second.ok, (first.problems, second.problems)
+    assert first.value == "v1 ok" and second.value == "v2 ok"
+    base = f"https://{HOST}:{s.port}"
+    old_app = base + "/assets/" + APPS[1]
+    new_app = base + "/assets/" + APPS[2]
+    assert first.headers[old_app].get("use-as-dictionary") == 'match="/assets/app.*.js"'
+    # dcz is answered only to the exact Available-Dictionary of v1's app with dcz accepted
+    # (the tests above): the browser sent both. DevTools shows the fields it sent unless the
+    # request was the preload a 103 Early Hints started (reported outside the page's session).
+    assert second.headers[new_app].get("content-encoding") == "dcz", second.headers[new_app]
+    sent = second.sent.get(new_app)
+    if sent is not None:
+        assert "dcz" in sent.get("accept-encoding", "")
+        assert sent.get("available-dictionary") == available(v1["assets/" + APPS[1]])
+    assert int(second.headers[new_app]["content-length"]) < 200  # v2's app in br: ~2,100 bytes
