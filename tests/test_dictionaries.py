@@ -275,6 +275,24 @@ def test_http2_answers_the_same_deltas(two_builds, pki):  # noqa: F811
         s.stop()
 
 
+def test_http3_answers_the_same_deltas(two_builds, pki):  # noqa: F811
+    """HTTP/3 reaches the core's one answer() too: the same delta, framed by QUIC."""
+    from test_h3 import h3_get
+    from tlsutil import serve
+    out, v1, v2 = two_builds
+    s = serve(out, "--workers", "1", "--tls-cert", pki.chain, "--tls-key", pki.key, *TEST_LIMITS)
+    try:
+        old = v1["lib.js"]
+        (status, fields, body, _), (_, plain, _, _) = h3_get(s.port, pki.ca, [
+            ("/lib.js", "GET", [("accept-encoding", "zstd, dcz"), ("available-dictionary", available(old))]),
+            ("/lib.js", "GET", [("accept-encoding", "zstd, dcz")])])
+        assert status == 200 and fields["content-encoding"] == "dcz"
+        assert fields["vary"] == "Accept-Encoding, Available-Dictionary"
+        assert undelta(body, old) == v2["lib.js"] and plain["content-encoding"] == "zstd"
+    finally:
+        s.stop()
+
+
 # -- real releases from the npm registry ----------------------------------------------------
 
 RELEASES = ("react-dom", "18.2.0", "18.3.1")
