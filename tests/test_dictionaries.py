@@ -91,6 +91,8 @@ def decoded(r, dictionary: bytes | None = None) -> bytes:
 
 
 def build(site, out, *opts) -> str:
+    if "--dictionaries" not in opts and "--no-dictionaries" not in opts:
+        opts = (*opts, "--dictionaries", "3")  # the default, said (conftest.BUILD_ARGS)
     r = orisha("build", str(site), "-o", str(out), *opts)
     assert r.returncode == 0, r.stderr
     return r.stdout
