@@ -154,8 +154,9 @@ class History:
         self.bodies: dict[str, bytes] = {}  # sha hex → body
         self.by_pattern: dict[str, list[Earlier]] = {}
         m = manifest.read(out) if keep else None
-        builds = (m or {}).get("dictionaries", {}).get("builds", [])
-        if not isinstance(builds, list):
+        kept = (m or {}).get("dictionaries")
+        builds = kept.get("builds") if isinstance(kept, dict) else None
+        if not isinstance(builds, list):  # none, or not this format: no deltas, no error
             return
         for b in builds[:keep]:
             if not isinstance(b, dict):
