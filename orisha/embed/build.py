@@ -281,11 +281,10 @@ class _Documents:
             bar = (stack.enter_context(_Progress("dictionary deltas", len(jobs),
                                                  sum(len(self.datas[i]) for i, _ in jobs)))
                    if progress and jobs else None)
-            for i, e in jobs:
-                body = dictionaries.cached_encode(self.datas[i], e.data, cache)
-                self.deltas.setdefault(i, []).append((e.sha, dictionaries.available(e.sha), body))
-                if bar:
-                    bar.done(len(self.datas[i]))
+            bodies = dictionaries.encode_all([(self.datas[i], e.data) for i, e in jobs], cache,
+                                             bar.done if bar else lambda n: None)
+        for (i, e), body in zip(jobs, bodies):
+            self.deltas.setdefault(i, []).append((e.sha, dictionaries.available(e.sha), body))
 
     def headers(self, path: str, rel: str, hints: bool = True) -> tuple:
         """The author's fields for a path, after the page's early hints (a ``Link`` that

@@ -31,14 +31,16 @@ import base64
 import hashlib
 import os
 import re
-import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import quote
 
 import zstandard
 
 from .. import manifest
 from .assemble import HASHED
+from .compress import through_cache
 
 # Worth keeping as a dictionary: code, styles and pages (types that change a little per
 # release), from 1 KiB (a smaller delta saves little more than its 40-byte header) to 8 MiB
@@ -120,23 +122,34 @@ def encode(data: bytes, dictionary: bytes) -> bytes:
     return DCZ_MAGIC + hashlib.sha256(dictionary).digest() + z
 
 
-def cached_encode(data: bytes, dictionary: bytes, cache: str | None) -> bytes:
-    """``encode`` through the compression cache (a rebuild recomputes no delta)."""
-    if not cache:
-        return encode(data, dictionary)
+def _job(args: tuple[bytes, bytes, str | None]) -> bytes:
+    """``encode`` through the compression cache (in a worker process): a rebuild
+    recomputes no delta."""
+    data, dictionary, cache = args
     key = hashlib.blake2b(hashlib.sha256(data).digest() + hashlib.sha256(dictionary).digest()
                           + _VERSION.encode(), digest_size=20).hexdigest()
-    path = os.path.join(cache, f"{key}.dcz")
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            return f.read()
-    out = encode(data, dictionary)
-    os.makedirs(cache, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache)
-    with os.fdopen(fd, "wb") as f:
-        f.write(out)
-    os.replace(tmp, path)  # atomic: concurrent builds never see half a file
-    return out
+    return through_cache(cache, f"{key}.dcz", lambda: encode(data, dictionary))
+
+
+def encode_all(jobs: list[tuple[bytes, bytes]], cache: str | None,
+               progress: Callable[[int], None]) -> list[bytes]:
+    """Each (data, dictionary) as dcz, in order, one process per core (zstd -19 with a
+    dictionary costs about what the plain one does); ``progress(len(data))`` per delta."""
+    args = [(data, dictionary, cache) for data, dictionary in jobs]
+    workers = min(len(args), os.cpu_count() or 1)
+    results: list[bytes] = []
+
+    def collect(it) -> None:
+        for (data, _), body in zip(jobs, it):
+            results.append(body)
+            progress(len(data))
+
+    if workers <= 1:
+        collect(map(_job, args))
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            collect(pool.map(_job, args, chunksize=1))
+    return results
 
 
 @dataclass(frozen=True)
