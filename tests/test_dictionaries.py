@@ -21,6 +21,8 @@ import time
 
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import TEST_LIMITS, Server, orisha
 from httpraw import Conn
@@ -256,43 +258,94 @@ def test_no_dictionaries_announces_nothing_and_keeps_no_history(tmp_path):
         s.stop()
 
 
-def test_http2_answers_the_same_deltas(two_builds, pki):  # noqa: F811
+_VALUES = st.one_of(st.binary(max_size=60), st.sampled_from([b"", b":AAAA:", b"::", b":=:"]))
+_CODINGS = st.lists(st.sampled_from([b"dcz", b"DCZ", b"dcz;q=0", b"dcz;q=0.001", b"zstd", b"*",
+                                     b"br;q=1", b"dcz;q=2", b" dcz ", b"identity"]), max_size=4)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(0, 3), value=_VALUES, codings=_CODINGS, dict_id=st.booleans(),
+       method=st.sampled_from([b"GET", b"HEAD"]))
+def test_a_delta_exactly_when_the_rfc_says(delta_site, which, value, codings, dict_id, method):
+    """Any Available-Dictionary, Accept-Encoding and Dictionary-ID: the answer is the delta
+    exactly when the value is a known hash byte for byte, dcz is accepted and no id is
+    named; otherwise the normal negotiation (never a crash, never a 5xx)."""
+    from orisha.core.connection import answer
+    from orisha.core.policy import Limits
+    site = delta_site
+    entry = site.routes[b"/lib.js"]
+    known = sorted(entry.deltas)
+    if which < len(known):
+        value = known[which]  # a real hash, then the value drawn otherwise
+    ae = b", ".join(codings)
+    head = (b"%s /lib.js HTTP/1.1\r\nHost: t\r\nAccept-Encoding: %s\r\nAvailable-Dictionary: %s"
+            % (method, ae, value) + (b"\r\nDictionary-ID: \"x\"" if dict_id else b""))
+    plan = answer(site, site.routes, Limits(), head)
+    if plan.status == 400:  # bytes no field value may hold (CR, LF, NUL…)
+        assert any(c in value for c in b"\r\n\x00") or b"\x7f" in value or \
+            any(c < 32 and c != 9 for c in value)
+        return
+    assert plan.status in (200, 406), plan.status
+    want = value.strip(b" \t") in entry.deltas and not dict_id and _dcz_ok(codings)
+    assert (b"Content-Encoding: dcz\r\n" in plan.head) == want, (value, ae, dict_id)
+
+
+@pytest.fixture(scope="module")
+def delta_site(two_builds):
+    """The second build's ``Site``, loaded in this process (the core called directly)."""
+    from orisha.server import load_site
+    return load_site(two_builds[0])
+
+
+def _dcz_ok(codings: list[bytes]) -> bool:
+    """Whether the drawn Accept-Encoding members accept dcz (the last dcz member decides):
+    of the weights drawn, q=0 refuses and q=2 is no weight at all (the member is ignored)."""
+    ok = False
+    for c in codings:
+        token, _, q = c.partition(b";")
+        if token.strip().lower() == b"dcz" and q != b"q=2":
+            ok = q != b"q=0"
+    return ok
+
+
+@pytest.fixture(scope="module")
+def tls(two_builds, pki):  # noqa: F811
+    """The second build served over TLS (HTTP/2 by ALPN, HTTP/3 on the same port)."""
+    from tlsutil import serve
+    s = serve(two_builds[0], "--workers", "1", "--tls-cert", pki.chain, "--tls-key", pki.key,
+              *TEST_LIMITS)
+    yield s
+    s.stop()
+
+
+def test_http2_answers_the_same_deltas(two_builds, tls, pki):  # noqa: F811
     from h2util import H2Client
-    from tlsutil import client_context, serve, tls_connect
+    from tlsutil import client_context, tls_connect
     out, v1, v2 = two_builds
-    s = serve(out, "--workers", "1", "--tls-cert", pki.chain, "--tls-key", pki.key, *TEST_LIMITS)
-    try:
-        c = H2Client(tls_connect(s.port, client_context(pki, alpn=("h2",))))
-        old = v1["assets/app.1a2b3c4d.js"]
-        r, plain = c.fetch([("GET", "/assets/app.5e6f7a8b.js",
-                             {"accept-encoding": "br, zstd, dcz", "available-dictionary": available(old)}),
-                            ("GET", "/assets/app.5e6f7a8b.js", {"accept-encoding": "br, zstd, dcz",
-                                                                "available-dictionary": ":AAAA:"})])
-        assert r.status == 200 and r.h("content-encoding") == "dcz"
-        assert r.h("vary") == "Accept-Encoding, Available-Dictionary"
-        assert undelta(r.body, old) == v2["assets/app.5e6f7a8b.js"]
-        assert plain.h("content-encoding") in ("br", "zstd")
-        c.close()
-    finally:
-        s.stop()
+    c = H2Client(tls_connect(tls.port, client_context(pki, alpn=("h2",))))
+    old = v1["assets/app.1a2b3c4d.js"]
+    r, plain = c.fetch([("GET", "/assets/app.5e6f7a8b.js",
+                         {"accept-encoding": "br, zstd, dcz", "available-dictionary": available(old)}),
+                        ("GET", "/assets/app.5e6f7a8b.js", {"accept-encoding": "br, zstd, dcz",
+                                                            "available-dictionary": ":AAAA:"})])
+    c.close()
+    assert r.status == 200 and r.h("content-encoding") == "dcz"
+    assert r.h("vary") == "Accept-Encoding, Available-Dictionary"
+    assert undelta(r.body, old) == v2["assets/app.5e6f7a8b.js"]
+    assert plain.h("content-encoding") in ("br", "zstd")
 
 
-def test_http3_answers_the_same_deltas(two_builds, pki):  # noqa: F811
+def test_http3_answers_the_same_deltas(two_builds, tls, pki):  # noqa: F811
     """HTTP/3 reaches the core's one answer() too: the same delta, framed by QUIC."""
     from test_h3 import h3_get
-    from tlsutil import serve
     out, v1, v2 = two_builds
-    s = serve(out, "--workers", "1", "--tls-cert", pki.chain, "--tls-key", pki.key, *TEST_LIMITS)
-    try:
-        old = v1["lib.js"]
-        (status, fields, body, _), (_, plain, _, _) = h3_get(s.port, pki.ca, [
-            ("/lib.js", "GET", [("accept-encoding", "zstd, dcz"), ("available-dictionary", available(old))]),
-            ("/lib.js", "GET", [("accept-encoding", "zstd, dcz")])])
-        assert status == 200 and fields["content-encoding"] == "dcz"
-        assert fields["vary"] == "Accept-Encoding, Available-Dictionary"
-        assert undelta(body, old) == v2["lib.js"] and plain["content-encoding"] == "zstd"
-    finally:
-        s.stop()
+    old = v1["lib.js"]
+    (status, fields, body, _), (_, plain, _, _) = h3_get(tls.port, pki.ca, [
+        ("/lib.js", "GET", [("accept-encoding", "zstd, dcz"), ("available-dictionary", available(old))]),
+        ("/lib.js", "GET", [("accept-encoding", "zstd, dcz")])])
+    assert status == 200 and fields["content-encoding"] == "dcz"
+    assert fields["vary"] == "Accept-Encoding, Available-Dictionary"
+    assert undelta(body, old) == v2["lib.js"] and plain["content-encoding"] == "zstd"
 
 
 # -- real releases from the npm registry ----------------------------------------------------

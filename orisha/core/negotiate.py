@@ -99,7 +99,8 @@ def accepts_dcz(value: bytes | None) -> bool:
             token, *params = member.split(b";")
             if token.strip().lower() == b"dcz":
                 q = _weight(params)
-                ok = q is not None and q > 0
+                if q is not None:  # a member with an invalid weight is ignored (as above)
+                    ok = q > 0
         if len(_dcz_cache) >= _MASK_CACHE_MAX:
             _dcz_cache.clear()
         _dcz_cache[value] = ok
