@@ -348,6 +348,33 @@ def test_http3_answers_the_same_deltas(two_builds, tls, pki):  # noqa: F811
     assert undelta(body, old) == v2["lib.js"] and plain["content-encoding"] == "zstd"
 
 
+@pytest.mark.slow
+def test_the_container_executable_answers_the_deltas(tmp_path):
+    """`--target container` built twice into one OUT: the static executable (what the
+    FROM-scratch image runs) carries the deltas and answers them."""
+    import re
+    site, out = tmp_path / "site", tmp_path / "out"
+    v1 = make_site(site, 1)
+    build(site, out, "--target", "container")
+    v2 = make_site(site, 2)
+    assert "3 dcz deltas" in build(site, out, "--target", "container")
+    proc = subprocess.Popen([str(out / "orisha"), "--host", "127.0.0.1", "--port", "0",
+                             "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd="/")
+    try:
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", proc.stdout.readline())
+        assert m, proc.stderr.read()
+        c = Conn(int(m.group(1)))
+        old = v1["assets/app.1a2b3c4d.js"]
+        r = c.request("/assets/app.5e6f7a8b.js", headers={"Accept-Encoding": "br, zstd, dcz",
+                                                          "Available-Dictionary": available(old)})
+        assert r.h("content-encoding") == "dcz" and undelta(r.body, old) == v2["assets/app.5e6f7a8b.js"]
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
 # -- real releases from the npm registry ----------------------------------------------------
 
 RELEASES = ("react-dom", "18.2.0", "18.3.1")
