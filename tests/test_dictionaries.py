@@ -238,6 +238,26 @@ def test_only_the_last_k_builds_give_deltas_and_a_damaged_history_gives_none(tmp
         assert r.returncode == 2 and "--dictionaries" in r.stderr
 
 
+def test_headers_detach_or_override_the_announcement(tmp_path):
+    """``_headers`` configures it per path: ``! Use-As-Dictionary`` detaches the build's, an
+    author's value comes after it (the later key of a structured-field dictionary wins)."""
+    site, out = tmp_path / "site", tmp_path / "out"
+    make_site(site, 1)
+    (site / "_headers").write_text("/lib.js\n  ! Use-As-Dictionary\n"
+                                   "/style.css\n  Use-As-Dictionary: match=\"/style*.css\"\n")
+    build(site, out)
+    s = Server(str(out), "--workers", "1", *TEST_LIMITS)
+    try:
+        c = Conn(s.port)
+        assert c.request("/lib.js").h("use-as-dictionary") is None
+        assert c.request("/style.css").h("use-as-dictionary") == \
+            'match="/style.css", match="/style*.css"'
+        assert c.request("/").h("use-as-dictionary") == 'match="/{index.html}?"'
+        c.close()
+    finally:
+        s.stop()
+
+
 def test_no_dictionaries_announces_nothing_and_keeps_no_history(tmp_path):
     site, out = tmp_path / "site", tmp_path / "out"
     v1 = make_site(site, 1)

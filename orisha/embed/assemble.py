@@ -77,8 +77,7 @@ _304_FIELDS = ("expires", "content-location")
 def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None,
              overrides: list[tuple[str, str]], status: str = "200 OK",
              headers: tuple[tuple[str, str], ...] = (), dated: bool = True,
-             private: bool = False, dictionary: str | None = None,
-             deltas: tuple[tuple[bytes, bytes, bytes], ...] = ()) -> Document:
+             private: bool = False, deltas: tuple[tuple[bytes, bytes, bytes], ...] = ()) -> Document:
     """Every kept variant of one document with its heads formatted.
 
     ``headers``: the author's fields, merged already (orisha/embed/rules.py); a
@@ -86,8 +85,7 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
     Accept-Encoding. ``dated``: whether the document has a file (Last-Modified).
     ``private``: served behind --basic-auth: the build's Cache-Control becomes private
     (policy.AUTH_CACHE_CONTROL) unless --cache-control or an author header sets it.
-    ``dictionary``: the Use-As-Dictionary value its responses carry (RFC 9842 §2.1), unless
-    an author header sets one; ``deltas``: (dictionary SHA-256, Available-Dictionary value,
+    ``deltas``: (dictionary SHA-256, Available-Dictionary value,
     dcz body) per earlier version a browser may hold, each kept only when smaller than
     every plain variant (the document then varies on Available-Dictionary too).
     """
@@ -118,8 +116,6 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
             extra += f"{name}: {value}\r\n"
             if lname in _304_FIELDS:
                 extra_304 += f"{name}: {value}\r\n"
-    if any(name.lower() == "use-as-dictionary" for name, _ in headers):
-        dictionary = None  # the author's own announcement wins
     smallest = min(len(b) for b in kept.values())
     deltas = [d for d in deltas if len(d[2]) < smallest]
     varies = ((["Accept-Encoding"] if len(kept) > 1 or deltas else [])
@@ -127,8 +123,6 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
     vary = f"Vary: {', '.join(varies)}\r\n" if varies else ""
     lm = f"Last-Modified: {format_http_date(mtime).decode()}\r\n" if dated else ""
     ranges = "Accept-Ranges: bytes\r\n" if status == "200 OK" else ""
-    if dictionary:
-        extra = f"Use-As-Dictionary: {dictionary}\r\n" + extra
     doc = Document(rel, mtime, status=status, conditional=status == "200 OK")
 
     def variant(coding: str, etag: str, body: bytes) -> VariantOut:

@@ -121,7 +121,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     summary = (f"{served} files, {totals['identity']} bytes"
                + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c])
                + (f", {len(docs.announced)} dictionaries, {deltas} dcz deltas "
-                  f"{totals['dcz']}" if keep else ""))
+                  f"{totals['dcz']}" if docs.announced else ""))
     history_bytes = [0]
 
     def write(tmp: str) -> None:
@@ -288,21 +288,24 @@ class _Documents:
 
     def headers(self, path: str, rel: str, hints: bool = True) -> tuple:
         """The author's fields for a path, after the page's early hints (a ``Link`` that
-        ``_headers`` may add to or remove with ``! Link``). ``hints``: False for a document
-        served as a 404, which gets no early hints (they go with a 200, RFC 8297 §2)."""
+        ``_headers`` may add to or remove with ``! Link``) and its Use-As-Dictionary (RFC
+        9842: ``! Use-As-Dictionary`` detaches it, an author's value comes after it and wins,
+        as the later key of a structured-field dictionary does). ``hints``: False for a
+        document served as a 404, which gets neither (early hints go with a 200, RFC 8297
+        §2; a dictionary is a successful response)."""
         hint = self.hints.get(rel) if hints else None
-        return rules.headers_for(self.header_rules, path, rel,
-                                 (("Link", hint),) if hint else ())
+        match = self.match.get(self.index[rel]) if hints else None
+        initial = ((("Link", hint),) if hint else ()) + (
+            (("Use-As-Dictionary", dictionaries.field(match)),) if match else ())
+        return rules.headers_for(self.header_rules, path, rel, initial)
 
     def make(self, rel: str, status: str, headers: tuple,
              private: bool = False) -> assemble.Document:
         i = self.index[rel]
         f = self.files[i]
-        ok = status == "200 OK"  # a dictionary is a successful response (RFC 9842 §2.1)
-        match = self.match.get(i) if ok else None
+        ok = status == "200 OK"  # a delta is of a successful response
         return assemble.document(rel, self.datas[i], f.mtime, self.encoded[i], self.overrides,
                                  status=status, headers=headers, private=private,
-                                 dictionary=dictionaries.field(match) if match else None,
                                  deltas=tuple(self.deltas.get(i, ())) if ok else ())
 
     def base(self, i: int):
