@@ -23,8 +23,7 @@ from .policy import AUTH_CHECKS, AUTH_REMEMBERED, unauthorized
 IDENTITY, GZIP, BR, ZSTD = 1, 2, 4, 8
 CODING_BITS = {b"identity": IDENTITY, b"gzip": GZIP, b"br": BR, b"zstd": ZSTD}
 # A dcz delta (RFC 9842) is no slot of the mask: it is chosen by Available-Dictionary
-# (``Entry.deltas``) before the table, and only when Accept-Encoding names dcz.
-DCZ = b"dcz"
+# (``Entry.deltas``) after the table, and only when Accept-Encoding names dcz.
 
 
 class Variant:

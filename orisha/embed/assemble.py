@@ -77,7 +77,8 @@ _304_FIELDS = ("expires", "content-location")
 def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None,
              overrides: list[tuple[str, str]], status: str = "200 OK",
              headers: tuple[tuple[str, str], ...] = (), dated: bool = True,
-             private: bool = False, deltas: tuple[tuple[bytes, bytes, bytes], ...] = ()) -> Document:
+             private: bool = False,
+             deltas: tuple[tuple[bytes, bytes, bytes], ...] = ()) -> Document:
     """Every kept variant of one document with its heads formatted.
 
     ``headers``: the author's fields, merged already (orisha/embed/rules.py); a
@@ -85,9 +86,9 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
     Accept-Encoding. ``dated``: whether the document has a file (Last-Modified).
     ``private``: served behind --basic-auth: the build's Cache-Control becomes private
     (policy.AUTH_CACHE_CONTROL) unless --cache-control or an author header sets it.
-    ``deltas``: (dictionary SHA-256, Available-Dictionary value,
-    dcz body) per earlier version a browser may hold, each kept only when smaller than
-    every plain variant (the document then varies on Available-Dictionary too).
+    ``deltas``: (dictionary SHA-256, Available-Dictionary value, dcz body) per earlier
+    version a browser may hold, each kept only when smaller than every plain variant (the
+    document then varies on Available-Dictionary too).
     """
     ctype = content_type(rel)
     kept = {"identity": data}
@@ -102,20 +103,7 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
         cc = "no-cache"
     if private and not any(fnmatch.fnmatchcase(rel, p) for p, _ in overrides):
         cc = f"{AUTH_CACHE_CONTROL}, {cc.removeprefix('public, ')}"
-    author_vary = []
-    extra = extra_304 = ""
-    for name, value in headers:
-        lname = name.lower()
-        if lname == "content-type":
-            ctype = value
-        elif lname == "cache-control":
-            cc = value
-        elif lname == "vary":
-            author_vary.append(value)
-        else:
-            extra += f"{name}: {value}\r\n"
-            if lname in _304_FIELDS:
-                extra_304 += f"{name}: {value}\r\n"
+    ctype, cc, author_vary, extra, extra_304 = _author_fields(headers, ctype, cc)
     smallest = min(len(b) for b in kept.values())
     deltas = [d for d in deltas if len(d[2]) < smallest]
     varies = ((["Accept-Encoding"] if len(kept) > 1 or deltas else [])
@@ -140,6 +128,26 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
     for sha, key, body in deltas:  # each its own strong ETag: another body on the wire
         doc.deltas.append((key, variant("dcz", f'"{tag}-dcz{sha.hex()[:12]}"', body)))
     return doc
+
+
+def _author_fields(headers: tuple[tuple[str, str], ...], ctype: str, cc: str):
+    """(Content-Type, Cache-Control, Vary values, other field lines, the lines a 304
+    repeats) once the author's fields are applied to the build's type and Cache-Control."""
+    author_vary = []
+    extra = extra_304 = ""
+    for name, value in headers:
+        lname = name.lower()
+        if lname == "content-type":
+            ctype = value
+        elif lname == "cache-control":
+            cc = value
+        elif lname == "vary":
+            author_vary.append(value)
+        else:
+            extra += f"{name}: {value}\r\n"
+            if lname in _304_FIELDS:
+                extra_304 += f"{name}: {value}\r\n"
+    return ctype, cc, author_vary, extra, extra_304
 
 
 BUILTIN_404 = (b"<!doctype html>\n<meta charset=utf-8>\n<title>404 Not Found</title>\n"

@@ -16,6 +16,7 @@ served at two paths that different ``_headers`` blocks match is two entries
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import sys
@@ -28,6 +29,7 @@ from . import assemble, auth, compress, dictionaries, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
+from .dictionaries import DEFAULT_KEEP
 from .walk import SourceFile, walk
 
 RULE_FILES = ("_headers", "_redirects")  # read at the root, never served
@@ -71,16 +73,14 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           redirects: list[str] | tuple = (), autoindex: bool = False,
           tls: tuple[str, str] | None = None, fallback_all: bool = False,
           strict_links: bool = False, basic_auth: list[str] | tuple = (),
-          early_hints: bool = True, keep: int = dictionaries.DEFAULT_KEEP,
-          history: str | None = None) -> Result:
+          early_hints: bool = True, keep: int = DEFAULT_KEEP, history: str | None = None) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
     (the behaviour before it answered navigations only: ``Site.assets``);
     ``strict_links``: a broken internal link is an error (nothing is written);
     ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py); ``early_hints``: a
     page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
-    over HTTP/2: orisha/protocols/hpack_blocks.py); ``keep``: compression dictionaries
-    (orisha/embed/dictionaries.py) from the last ``keep`` builds kept in ``history`` (the
-    build folder that receives them, OUT by default), 0 for none."""
+    over HTTP/2: orisha/protocols/hpack_blocks.py); ``keep``: RFC 9842 deltas from the last
+    ``keep`` builds into ``history`` (OUT by default), 0: none (orisha/embed/dictionaries.py)."""
     started = time.monotonic()
     areas, tls, fallback, not_found = _check_options(site, out, loop, basic_auth, tls,
                                                      fallback, not_found)
@@ -95,9 +95,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     cache = compress.default_cache_dir() if cache == "" else cache
     files, datas, encoded = _contents(files, cache, progress, autoindex)
     docs = _Documents(files, datas, encoded, overrides, header_rules, areas)
-    past = dictionaries.History(out if history is None else history, keep)
-    if keep:
-        docs.dictionaries(past, cache, progress)
+    past = docs.announce(out if history is None else history, keep, cache, progress)
     docs.table = assemble.routes([f.rel for f in files])
     resolved, runtime = rules.resolve(docs.table, redirect_rules)
     compiled = [docs.rule(r) for r in runtime]
@@ -116,27 +114,17 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
-    totals = _totals(docs, served)
-    deltas = totals.pop("dcz_count")
-    summary = (f"{served} files, {totals['identity']} bytes"
-               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c])
-               + (f", {len(docs.announced)} dictionaries, {deltas} dcz deltas "
-                  f"{totals['dcz']}" if docs.announced else ""))
-    history_bytes = [0]
+    totals, summary = _summary(docs, served)
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
                    {"files": served, "bytes": totals}, compiled, assets, areas)
-        if keep:  # the bodies the next build's deltas start from
-            kept = dictionaries.write(tmp, docs.announced, past, keep)
-            manifest.update(tmp, dictionaries=kept)
-            history_bytes[0] = kept["history_bytes"]
+        docs.keep_history(tmp, past, keep)  # the bodies the next build's deltas start from
         if loop == "unikernel":  # the image is linked from the same documents
             from ..targets.unikernel import image
             image.write(tmp, docs.used, table, nf, fallback, compiled, tls, assets)
     replace_dir(out, write)
-    return Result(out, served, totals, time.monotonic() - started, summary,
-                  len(docs.announced), deltas, history_bytes[0])
+    return Result(out, served, totals, time.monotonic() - started, summary, *docs.kept())
 
 
 def _check_options(site: str, out: str, loop: str, basic_auth, tls, fallback, not_found):
@@ -210,6 +198,18 @@ def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoin
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _summary(docs: "_Documents", served: int) -> tuple[dict[str, int], str]:
+    """(bytes per coding, the summary line the build module keeps); the dcz deltas kept
+    are counted in ``docs.delta_count``."""
+    totals = _totals(docs, served)
+    docs.delta_count = totals.pop("dcz_count")
+    summary = (f"{served} files, {totals['identity']} bytes"
+               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c])
+               + (f", {len(docs.announced)} dictionaries, {docs.delta_count} dcz deltas "
+                  f"{totals['dcz']}" if docs.announced else ""))
+    return totals, summary
+
+
 def _totals(docs: "_Documents", served: int) -> dict[str, int]:
     """Bytes per coding over the site's own files, counting the variants the build keeps."""
     totals = {c: 0 for c in ("identity", *compress.CODINGS, "dcz", "dcz_count")}
@@ -259,12 +259,17 @@ class _Documents:
         self.match: dict[int, str] = {}  # file index → its Use-As-Dictionary pattern
         self.deltas: dict[int, tuple] = {}  # file index → (sha, key, dcz body) per earlier body
         self.announced: dict[str, tuple[str, bytes]] = {}  # path → (pattern, body)
+        self.history_bytes = 0  # the bodies kept for the next build (``keep_history``)
+        self.delta_count = 0  # the dcz variants kept (``_summary``)
 
-    def dictionaries(self, past: "dictionaries.History", cache: str | None,
-                     progress: bool) -> None:
-        """Which files are announced as dictionaries, and their deltas from ``past``."""
+    def announce(self, history: str, keep: int, cache: str | None,
+                 progress: bool) -> "dictionaries.History":
+        """Which files are announced as dictionaries (RFC 9842), and their deltas from the
+        bodies of the last ``keep`` builds kept in the folder ``history``; returns those."""
         from .mime import content_type
-        import hashlib
+        past = dictionaries.History(history, keep)
+        if not keep:
+            return past
         worth = [i for i, f in enumerate(self.files)
                  if self.encoded[i] and dictionaries.worth(content_type(f.rel), len(self.datas[i]))]
         pats = dictionaries.patterns([self.files[i].rel for i in worth])
@@ -285,6 +290,19 @@ class _Documents:
                                              bar.done if bar else lambda n: None)
         for (i, e), body in zip(jobs, bodies):
             self.deltas.setdefault(i, []).append((e.sha, dictionaries.available(e.sha), body))
+        return past
+
+    def kept(self) -> tuple[int, int, int]:
+        """(dictionaries announced, dcz deltas kept, history bytes): ``Result``'s last fields."""
+        return len(self.announced), self.delta_count, self.history_bytes
+
+    def keep_history(self, tmp: str, past: "dictionaries.History", keep: int) -> None:
+        """Write this build's and the kept earlier builds' dictionary bodies into the build
+        being written, and their table into its manifest (nothing with ``keep`` 0)."""
+        if keep:
+            kept = dictionaries.write(tmp, self.announced, past, keep)
+            manifest.update(tmp, dictionaries=kept)
+            self.history_bytes = kept["history_bytes"]
 
     def headers(self, path: str, rel: str, hints: bool = True) -> tuple:
         """The author's fields for a path, after the page's early hints (a ``Link`` that
