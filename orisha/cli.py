@@ -14,7 +14,7 @@ import sys
 import click
 
 from . import manifest
-from .core.policy import LIMITS, RANGES, Limits, Range
+from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import BuildError, OrishaError
@@ -91,7 +91,10 @@ def _summary(r) -> str:
     parts = [f"{c} {r.bytes[c]:,} ({r.bytes[c] / ident:.0%})" for c in ("gzip", "br", "zstd")
              if r.bytes[c]]
     return (f"built {r.out}: {r.files} files, {r.bytes['identity']:,} bytes"
-            + (f"; {', '.join(parts)} of identity" if parts else "") + f" in {r.seconds:.1f}s")
+            + (f"; {', '.join(parts)} of identity" if parts else "")
+            + (f"; {r.dictionaries} dictionaries, {r.deltas} dcz deltas {r.bytes['dcz']:,} bytes, "
+               f"history {r.history_bytes:,} bytes" if getattr(r, "dictionaries", 0) else "")
+            + f" in {r.seconds:.1f}s")
 
 
 @click.group(cls=_Group)
@@ -139,12 +142,18 @@ def main() -> None:
 @click.option("--strict-links", is_flag=True,
               help="A broken internal link (href, src, srcset, CSS url() the site does not "
                    "answer) is an error: exit 1, nothing written. By default: one warning each.")
+@click.option("--dictionaries", "keep", type=_Ranged(RANGES["dictionaries"]),
+              default=DICTIONARIES_KEPT, show_default=True, metavar="K", help="Compression dictionaries (RFC 9842): JS, CSS, wasm, JSON and "
+              "pages announce Use-As-Dictionary, and a returning browser holding a version from "
+              "one of the last K builds into OUT gets a dcz delta from it.")
+@click.option("--no-dictionaries", is_flag=True,
+              help="No Use-As-Dictionary, no dcz deltas, no history kept in OUT.")
 @click.option("--tls-cert", metavar="FILE", help="With --loop unikernel: PEM certificate (chain "
               "allowed) built into the image, which then serves TLS on port 443.")
 @click.option("--tls-key", metavar="FILE", help="With --loop unikernel: PEM private key of --tls-cert.")
 def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_cache, target,
           symlinks, headers, redirects, autoindex, basic_auth, no_early_hints, strict_links,
-          tls_cert, tls_key) -> None:
+          keep, no_dictionaries, tls_cert, tls_key) -> None:
     """Compile SITE into responses in OUT."""
     if fallback_all and not fallback:
         raise click.UsageError("--fallback-all goes with --fallback FILE")
@@ -158,7 +167,8 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
                 cache=None if no_cache else "", progress=sys.stdout.isatty(),
                 symlinks=symlinks, headers=headers, redirects=redirects, autoindex=autoindex,
                 fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth,
-                early_hints=not no_early_hints, tls=(tls_cert, tls_key) if tls_cert else None)
+                early_hints=not no_early_hints, keep=0 if no_dictionaries else keep,
+                tls=(tls_cert, tls_key) if tls_cert else None)
     click.echo(_summary(r))
 
 

@@ -47,6 +47,9 @@ class PageResult:
     bad_responses: list[str] = field(default_factory=list)        # "404 URL"
     errors: list[str] = field(default_factory=list)               # exceptions, console, log
     protocols: dict[str, str] = field(default_factory=dict)       # URL → "h2", "h3"… (DevTools)
+    headers: dict[str, dict] = field(default_factory=dict)        # URL → response fields
+    sent: dict[str, dict] = field(default_factory=dict)           # URL → request fields, as sent
+    value: object = None                                          # ``evaluate``'s result
 
     @property
     def problems(self) -> list[str]:
@@ -152,7 +155,8 @@ def _origin(url: str) -> str:
     return f"{scheme}://{rest.split('/', 1)[0].split('?', 1)[0]}"
 
 
-def _load(b: _Browser, url: str, timeout: float, same_origin: bool) -> PageResult:
+def _load(b: _Browser, url: str, timeout: float, same_origin: bool,
+          evaluate: str | None = None) -> PageResult:
     result = PageResult(url)
     mine = _origin(url)
 
@@ -171,6 +175,8 @@ def _load(b: _Browser, url: str, timeout: float, same_origin: bool) -> PageResul
             result.failed_requests.append(f"{url}: {nav['errorText']}")
             return result
         urls: dict[str, str] = {}
+        sent: dict[str, dict] = {}  # request id → its fields (ExtraInfo may come after the response)
+        answered: dict[str, str] = {}  # request id → URL
         deadline = time.monotonic() + timeout
         settle = None
         while True:
@@ -189,8 +195,13 @@ def _load(b: _Browser, url: str, timeout: float, same_origin: bool) -> PageResul
                 failed = urls.get(p["requestId"], "?")
                 if counts(failed):
                     result.failed_requests.append(f"{failed}: {p.get('errorText')}")
+            elif method == "Network.requestWillBeSentExtraInfo":  # the fields on the wire
+                sent[p["requestId"]] = {k.lower(): v for k, v in p.get("headers", {}).items()}
             elif method == "Network.responseReceived":
                 result.protocols[p["response"]["url"]] = p["response"].get("protocol", "")
+                result.headers[p["response"]["url"]] = {
+                    k.lower(): v for k, v in p["response"].get("headers", {}).items()}
+                answered[p["requestId"]] = p["response"]["url"]
                 if p["response"]["status"] >= 400 and counts(p["response"]["url"]):
                     result.bad_responses.append(f"{p['response']['status']} {p['response']['url']}")
             elif method == "Runtime.exceptionThrown":
@@ -204,23 +215,37 @@ def _load(b: _Browser, url: str, timeout: float, same_origin: bool) -> PageResul
                 if e.get("url") and not counts(e["url"]):
                     continue
                 result.errors.append(f"log: {e.get('text')} {e.get('url', '')}".rstrip())
+        result.sent = {u: sent[r] for r, u in answered.items() if r in sent}
+        if evaluate and result.loaded:
+            r = b.call("Runtime.evaluate", {"expression": evaluate, "returnByValue": True},
+                       session=session)
+            result.value = r.get("result", {}).get("value")
         return result
     finally:
         b.call("Target.closeTarget", {"targetId": target})
 
 
 def load_pages(urls: list[str], timeout: float = 15.0, executable: str | None = None,
-               same_origin: bool = False) -> list[PageResult]:
+               same_origin: bool = False, before=None,
+               evaluate: str | None = None) -> list[PageResult]:
     """Load each URL in a fresh tab of one headless Chromium; one ``PageResult`` per URL.
 
     ``same_origin``: count failed requests and error responses of the page's own origin
-    only (pages that embed badges from other hosts, on a machine without a network)."""
+    only (pages that embed badges from other hosts, on a machine without a network).
+    ``before(i)``: called before the i-th URL is loaded (the browser, its cache and its
+    dictionaries live on: e.g. a site rebuilt between two visits); ``evaluate``: a
+    JavaScript expression evaluated in each page after it loaded (``PageResult.value``)."""
     exe = executable or chromium()
     if exe is None:
         raise RuntimeError("no Chromium found (apt-get install chromium)")
     b = _Browser(exe)
     try:
         b.call("Target.getTargets", timeout=30)  # the first answer: the browser is up
-        return [_load(b, url, timeout, same_origin) for url in urls]
+        results = []
+        for i, url in enumerate(urls):
+            if before is not None:
+                before(i)
+            results.append(_load(b, url, timeout, same_origin, evaluate))
+        return results
     finally:
         b.close()

@@ -41,7 +41,15 @@ RUN_DIR = os.environ.get("ORISHA_TEST_CWD") or (tempfile.mkdtemp(prefix="orisha-
 os.environ.setdefault("ORISHA_CACHE", os.path.join(ROOT, ".pytest_cache", "orisha"))
 
 
+# ORISHA_TEST_BUILD_ARGS: options added to every `orisha build` of the suite that does not
+# choose its compression dictionaries itself (e.g. --no-dictionaries: the suite must pass
+# with them off too).
+BUILD_ARGS = os.environ.get("ORISHA_TEST_BUILD_ARGS", "").split()
+
+
 def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
+    if args[:1] == ("build",) and not {"--dictionaries", "--no-dictionaries"} & set(args):
+        args = (*args, *BUILD_ARGS)
     return subprocess.run([PYTHON, "-m", "orisha.cli", *args], capture_output=True,
                           text=True, cwd=RUN_DIR, timeout=kw.pop("timeout", 600), **kw)
 

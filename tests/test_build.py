@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from conftest import DEMO, ROOT, orisha
+from conftest import BUILD_ARGS, DEMO, ROOT, orisha
 
 from orisha.embed.assemble import cache_control
 from orisha.embed.mime import compressible, content_type
@@ -30,9 +30,13 @@ def test_build_is_deterministic(tmp_path):
     assert orisha("build", DEMO, "-o", str(a), "--fallback", "200.html").returncode == 0
     assert orisha("build", DEMO, "-o", str(b), "--fallback", "200.html", "--no-cache").returncode == 0
     cmp = filecmp.dircmp(a, b)
-    assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == ["__pycache__", "manifest.json", "site.blob", "site.py"]
+    history = [] if "--no-dictionaries" in BUILD_ARGS else ["dictionaries"]  # RFC 9842's
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == sorted(
+        ["__pycache__", "manifest.json", "site.blob", "site.py", *history])
     for name in ("manifest.json", "site.blob", "site.py"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    if history:
+        assert not filecmp.dircmp(a / "dictionaries", b / "dictionaries").diff_files
     pyc = os.listdir(a / "__pycache__")
     assert (a / "__pycache__" / pyc[0]).read_bytes() == (b / "__pycache__" / pyc[0]).read_bytes()
     assert not cmp.diff_files

@@ -280,7 +280,9 @@ def test_the_real_sites_have_no_false_positives():
 # -- progress on a terminal ------------------------------------------------------------
 
 SUMMARY = re.compile(r"built \S+: 3 files, 72,022 bytes; gzip [\d,]+ \(\d+%\), br [\d,]+ "
-                     r"\(\d+%\), zstd [\d,]+ \(\d+%\) of identity in \d+\.\ds")
+                     r"\(\d+%\), zstd [\d,]+ \(\d+%\) of identity"
+                     r"(?:; \d+ dictionaries, \d+ dcz deltas [\d,]+ bytes, history [\d,]+ bytes)?"
+                     r" in \d+\.\ds")
 
 
 def test_progress_on_a_terminal_only(tmp_path):

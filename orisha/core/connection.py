@@ -30,7 +30,7 @@ except ImportError:  # no Cython installed: the pure module
     _COMPILED = False
 
 from .dates import format_http_date, parse_http_date
-from .negotiate import accept_encoding_mask, byte_range, none_match, route_key
+from .negotiate import accept_encoding_mask, accepts_dcz, byte_range, none_match, route_key
 from .outgoing import consume
 from .policy import (ALLOW, AUTH_BUSY, AUTH_STATUS, ERROR_PAGES, KNOWN_METHODS, LINGER, MISDIRECTED,
                      NAVIGATION_DESTS, REASONS, SAFE_METHODS, STATS_SLOTS, Limits, Stat)
@@ -502,12 +502,25 @@ def _route(site: Site, routes: dict, req, tail: int, close: int, discard: int) -
     if v is None:
         h, b = ERRORS[406]
         return Plan(h, tail, b if get else b"", close, discard, 406)
+    if entry.deltas:
+        v = _delta(entry, v, fields)
     if entry.conditional:
         plan = _conditional(entry, v, fields, get and mask & IDENTITY, tail, close, discard,
                             site.boundary)
         if plan is not None:
             return plan
     return Plan(v.head, tail, v.body if get else b"", close, discard, entry.status)
+
+
+def _delta(entry: Entry, v, fields: dict):
+    """A dcz delta (RFC 9842) instead of ``v`` when the client holds one of the dictionaries
+    this document has a delta from (the Available-Dictionary value, byte for byte: anything
+    malformed or unknown is no key) and says it decodes dcz. A Dictionary-ID names a
+    dictionary by an id this server never sends (§2.3): not one of ours."""
+    d = entry.deltas.get(fields.get(b"available-dictionary"))
+    if d is None or b"dictionary-id" in fields or not accepts_dcz(fields.get(b"accept-encoding")):
+        return v
+    return d
 
 
 def _indirect(target, site: Site, key: bytes, req, get: bool, tail: int, close: int,

@@ -84,6 +84,29 @@ def accept_encoding_mask(value: bytes | None) -> int:
     return mask
 
 
+_dcz_cache: dict[bytes, bool] = {}
+
+
+def accepts_dcz(value: bytes | None) -> bool:
+    """Does Accept-Encoding name ``dcz`` with a weight above 0 (RFC 9842 §4)? A ``*`` does
+    not count: a delta goes only to a client that says it decodes dictionary transport."""
+    if not value:
+        return False
+    ok = _dcz_cache.get(value)
+    if ok is None:
+        ok = False
+        for member in value.split(b","):
+            token, *params = member.split(b";")
+            if token.strip().lower() == b"dcz":
+                q = _weight(params)
+                if q is not None:  # a member with an invalid weight is ignored (as above)
+                    ok = q > 0
+        if len(_dcz_cache) >= _MASK_CACHE_MAX:
+            _dcz_cache.clear()
+        _dcz_cache[value] = ok
+    return ok
+
+
 def _opaque(tag: bytes) -> bytes:
     return tag[2:] if tag.startswith(b"W/") else tag
 

@@ -137,7 +137,11 @@ RANGES = {
     "hsts": Range(0, 1 << 31),  # max-age in seconds; 0 tells browsers to forget (RFC 6797 §6.1.1)
     "memory": Range(4, 1 << 20),  # MiB of guest RAM (the kernel and its arena need a few)
     "timeout": Range(0.001, 3600.0, float),  # `orisha health` seconds
+    # `orisha build --dictionaries K`: the earlier builds a dcz delta may start from (RFC
+    # 9842); the upper end bounds the history a build folder carries and the deltas per file.
+    "dictionaries": Range(1, 16),
 }
+DICTIONARIES_KEPT = 3  # K's default
 
 
 class Limit(NamedTuple):

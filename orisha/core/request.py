@@ -54,7 +54,9 @@ _ABSOLUTE = re.compile(rb"[Hh][Tt][Tt][Pp][Ss]?://[^/?#]*")
 # list field's lines are joined with ", " (RFC 9110 §5.3). The C core gets both
 # tuples, in this order, from its generated header.
 SINGLE_FIELDS = (b"host", b"content-length", b"if-modified-since", b"range", b"if-range",
-                 b"sec-fetch-dest", b"authorization")
+                 b"sec-fetch-dest", b"authorization",
+                 # RFC 9842 §2.2, §2.3 (compression dictionaries: connection._delta)
+                 b"available-dictionary", b"dictionary-id")
 LIST_FIELDS = (b"connection", b"transfer-encoding", b"accept-encoding", b"if-none-match")
 _SINGLE = frozenset(SINGLE_FIELDS)
 _LIST = frozenset(LIST_FIELDS)

@@ -22,6 +22,8 @@ from .policy import AUTH_CHECKS, AUTH_REMEMBERED, unauthorized
 # Bit per content coding in an Accept-Encoding mask (see core/negotiate.py).
 IDENTITY, GZIP, BR, ZSTD = 1, 2, 4, 8
 CODING_BITS = {b"identity": IDENTITY, b"gzip": GZIP, b"br": BR, b"zstd": ZSTD}
+# A dcz delta (RFC 9842) is no slot of the mask: it is chosen by Available-Dictionary
+# (``Entry.deltas``) after the table, and only when Accept-Encoding names dcz.
 
 
 class Variant:
@@ -40,7 +42,7 @@ class Variant:
         self.h2, self.h2_304 = h2, h2_304
         self.h3, self.h3_304 = h3, h3_304
         self.coding = coding
-        self.bit = CODING_BITS[coding]
+        self.bit = CODING_BITS.get(coding, 0)  # dcz: 0, never a table slot
         self.etag = etag
         self.body = body
         self.length = len(body)
@@ -53,13 +55,17 @@ class Variant:
 
 
 class Entry:
-    """A routable document: its variants, validators and negotiation table."""
+    """A routable document: its variants, validators and negotiation table.
+
+    ``deltas``: its dcz variants (RFC 9842 §4) by the exact Available-Dictionary value that
+    selects each (``:base64 of the dictionary's SHA-256:``); empty for most documents."""
 
     __slots__ = ("variants", "choice", "identity", "last_modified", "conditional", "head_416",
-                 "status", "multi_fields", "part_type")
+                 "status", "multi_fields", "part_type", "deltas")
 
     def __init__(self, variants: tuple[Variant, ...], last_modified: int,
-                 conditional: bool = True) -> None:
+                 conditional: bool = True, deltas: dict | None = None) -> None:
+        self.deltas = deltas or {}
         self.variants = tuple(sorted(variants, key=lambda v: (v.length, v.bit)))
         self.identity = next(v for v in self.variants if v.coding == b"identity")
         self.last_modified = last_modified

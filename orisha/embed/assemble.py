@@ -65,6 +65,9 @@ class Document:
     variants: list[VariantOut] = field(default_factory=list)
     status: str = "200 OK"
     conditional: bool = True
+    # dcz deltas (orisha/embed/dictionaries.py): (the Available-Dictionary value that
+    # selects it, the variant), kept only where smaller than every plain variant
+    deltas: list[tuple[bytes, VariantOut]] = field(default_factory=list)
 
 
 # Author headers a 304 repeats (RFC 9110 §15.4.5); ETag, Cache-Control and Vary are built in.
@@ -74,7 +77,8 @@ _304_FIELDS = ("expires", "content-location")
 def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None,
              overrides: list[tuple[str, str]], status: str = "200 OK",
              headers: tuple[tuple[str, str], ...] = (), dated: bool = True,
-             private: bool = False) -> Document:
+             private: bool = False,
+             deltas: tuple[tuple[bytes, bytes, bytes], ...] = ()) -> Document:
     """Every kept variant of one document with its heads formatted.
 
     ``headers``: the author's fields, merged already (orisha/embed/rules.py); a
@@ -82,6 +86,9 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
     Accept-Encoding. ``dated``: whether the document has a file (Last-Modified).
     ``private``: served behind --basic-auth: the build's Cache-Control becomes private
     (policy.AUTH_CACHE_CONTROL) unless --cache-control or an author header sets it.
+    ``deltas``: (dictionary SHA-256, Available-Dictionary value, dcz body) per earlier
+    version a browser may hold, each kept only when smaller than every plain variant (the
+    document then varies on Available-Dictionary too).
     """
     ctype = content_type(rel)
     kept = {"identity": data}
@@ -96,6 +103,36 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
         cc = "no-cache"
     if private and not any(fnmatch.fnmatchcase(rel, p) for p, _ in overrides):
         cc = f"{AUTH_CACHE_CONTROL}, {cc.removeprefix('public, ')}"
+    ctype, cc, author_vary, extra, extra_304 = _author_fields(headers, ctype, cc)
+    smallest = min(len(b) for b in kept.values())
+    deltas = [d for d in deltas if len(d[2]) < smallest]
+    varies = ((["Accept-Encoding"] if len(kept) > 1 or deltas else [])
+              + (["Available-Dictionary"] if deltas else []) + author_vary)
+    vary = f"Vary: {', '.join(varies)}\r\n" if varies else ""
+    lm = f"Last-Modified: {format_http_date(mtime).decode()}\r\n" if dated else ""
+    ranges = "Accept-Ranges: bytes\r\n" if status == "200 OK" else ""
+    doc = Document(rel, mtime, status=status, conditional=status == "200 OK")
+
+    def variant(coding: str, etag: str, body: bytes) -> VariantOut:
+        ce = "" if coding == "identity" else f"Content-Encoding: {coding}\r\n"
+        fields = (f"Content-Type: {ctype}\r\nETag: {etag}\r\n{lm}"
+                  f"Cache-Control: {cc}\r\n{vary}{ce}{ranges if coding == 'identity' else ''}"
+                  f"{extra}")
+        fields_304 = f"ETag: {etag}\r\nCache-Control: {cc}\r\n{vary}{extra_304}"
+        return VariantOut(coding, etag, fields.encode("utf-8", "surrogateescape"),
+                          fields_304.encode("utf-8", "surrogateescape"), body)
+
+    for coding in ("identity", "gzip", "br", "zstd"):
+        if coding in kept:
+            doc.variants.append(variant(coding, f'"{tag}{_ETAG_SUFFIX[coding]}"', kept[coding]))
+    for sha, key, body in deltas:  # each its own strong ETag: another body on the wire
+        doc.deltas.append((key, variant("dcz", f'"{tag}-dcz{sha.hex()[:12]}"', body)))
+    return doc
+
+
+def _author_fields(headers: tuple[tuple[str, str], ...], ctype: str, cc: str):
+    """(Content-Type, Cache-Control, Vary values, other field lines, the lines a 304
+    repeats) once the author's fields are applied to the build's type and Cache-Control."""
     author_vary = []
     extra = extra_304 = ""
     for name, value in headers:
@@ -110,24 +147,7 @@ def document(rel: str, data: bytes, mtime: int, encoded: dict[str, bytes] | None
             extra += f"{name}: {value}\r\n"
             if lname in _304_FIELDS:
                 extra_304 += f"{name}: {value}\r\n"
-    varies = (["Accept-Encoding"] if len(kept) > 1 else []) + author_vary
-    vary = f"Vary: {', '.join(varies)}\r\n" if varies else ""
-    lm = f"Last-Modified: {format_http_date(mtime).decode()}\r\n" if dated else ""
-    ranges = "Accept-Ranges: bytes\r\n" if status == "200 OK" else ""
-    doc = Document(rel, mtime, status=status, conditional=status == "200 OK")
-    for coding in ("identity", "gzip", "br", "zstd"):
-        if coding not in kept:
-            continue
-        etag = f'"{tag}{_ETAG_SUFFIX[coding]}"'
-        ce = "" if coding == "identity" else f"Content-Encoding: {coding}\r\n"
-        fields = (f"Content-Type: {ctype}\r\nETag: {etag}\r\n{lm}"
-                  f"Cache-Control: {cc}\r\n{vary}{ce}{ranges if coding == 'identity' else ''}"
-                  f"{extra}")
-        fields_304 = f"ETag: {etag}\r\nCache-Control: {cc}\r\n{vary}{extra_304}"
-        doc.variants.append(VariantOut(coding, etag, fields.encode("utf-8", "surrogateescape"),
-                                       fields_304.encode("utf-8", "surrogateescape"),
-                                       kept[coding]))
-    return doc
+    return ctype, cc, author_vary, extra, extra_304
 
 
 BUILTIN_404 = (b"<!doctype html>\n<meta charset=utf-8>\n<title>404 Not Found</title>\n"

@@ -16,6 +16,7 @@ served at two paths that different ``_headers`` blocks match is two entries
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import sys
@@ -24,10 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from . import assemble, auth, compress, emit, links, rules
+from . import assemble, auth, compress, dictionaries, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
 from ..loops import BUILD_CHOICES as LOOPS
+from .dictionaries import DEFAULT_KEEP
 from .walk import SourceFile, walk
 
 RULE_FILES = ("_headers", "_redirects")  # read at the root, never served
@@ -50,6 +52,9 @@ class Result:
     bytes: dict[str, int]
     seconds: float
     summary: str
+    dictionaries: int = 0   # responses announced with Use-As-Dictionary
+    deltas: int = 0         # dcz variants kept (their bytes: ``bytes["dcz"]``)
+    history_bytes: int = 0  # earlier bodies kept in OUT/dictionaries for the next build
 
 
 def _check_doc(site: str, rel: str | None, option: str) -> str | None:
@@ -78,15 +83,18 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
           redirects: list[str] | tuple = (), autoindex: bool = False,
           fallback_all: bool = False, strict_links: bool = False,
           basic_auth: list[str] | tuple = (), early_hints: bool = True,
+          keep: int = DEFAULT_KEEP, history: str | None = None,
           also: Callable[[str, "Built"], None] | None = None) -> Result:
     """Build SITE into OUT. ``fallback_all``: the fallback answers every unknown path
     (the behaviour before it answered navigations only: ``Site.assets``);
     ``strict_links``: a broken internal link is an error (nothing is written);
     ``basic_auth``: ``GLOB=HTPASSWD`` values (orisha/embed/auth.py); ``early_hints``: a
     page's render-blocking and preloaded subresources become a ``Link`` field (and a 103
-    over HTTP/2: orisha/protocols/hpack_blocks.py); ``also``: a target's own output
-    (orisha/targets/), written into the same temporary folder from the build's documents
-    (``Built``) before it replaces OUT, so a target's failure leaves OUT as it was too."""
+    over HTTP/2: orisha/protocols/hpack_blocks.py); ``keep``: RFC 9842 deltas from the last
+    ``keep`` builds into ``history`` (OUT by default), 0: none (orisha/embed/dictionaries.py);
+    ``also``: a target's own output (orisha/targets/), written into the same temporary
+    folder from the build's documents (``Built``) before it replaces OUT, so a target's
+    failure leaves OUT as it was too."""
     started = time.monotonic()
     areas, fallback, not_found = _check_options(site, out, loop, basic_auth, fallback,
                                                 not_found)
@@ -101,6 +109,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     cache = compress.default_cache_dir() if cache == "" else cache
     files, datas, encoded = _contents(files, cache, progress, autoindex)
     docs = _Documents(files, datas, encoded, overrides, header_rules, areas)
+    past = docs.announce(out if history is None else history, keep, cache, progress)
     docs.table = assemble.routes([f.rel for f in files])
     resolved, runtime = rules.resolve(docs.table, redirect_rules)
     compiled = [docs.rule(r) for r in runtime]
@@ -119,17 +128,16 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
-    totals = _totals(docs, served)
-    summary = (f"{served} files, {totals['identity']} bytes"
-               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c]))
+    totals, summary = _summary(docs, served)
 
     def write(tmp: str) -> None:
         emit.write(tmp, docs.used, table, nf, fallback, loop, summary,
                    {"files": served, "bytes": totals}, compiled, assets, areas)
+        docs.keep_history(tmp, past, keep)  # the bodies the next build's deltas start from
         if also is not None:
             also(tmp, Built(docs.used, table, nf, fallback, compiled, assets))
     replace_dir(out, write)
-    return Result(out, served, totals, time.monotonic() - started, summary)
+    return Result(out, served, totals, time.monotonic() - started, summary, *docs.kept())
 
 
 def _check_options(site: str, out: str, loop: str, basic_auth, fallback, not_found):
@@ -194,12 +202,28 @@ def _contents(files: list[SourceFile], cache: str | None, progress: bool, autoin
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _summary(docs: "_Documents", served: int) -> tuple[dict[str, int], str]:
+    """(bytes per coding, the summary line the build module keeps); the dcz deltas kept
+    are counted in ``docs.delta_count``."""
+    totals = _totals(docs, served)
+    docs.delta_count = totals.pop("dcz_count")
+    summary = (f"{served} files, {totals['identity']} bytes"
+               + "".join(f", {c} {totals[c]}" for c in compress.CODINGS if totals[c])
+               + (f", {len(docs.announced)} dictionaries, {docs.delta_count} dcz deltas "
+                  f"{totals['dcz']}" if docs.announced else ""))
+    return totals, summary
+
+
 def _totals(docs: "_Documents", served: int) -> dict[str, int]:
     """Bytes per coding over the site's own files, counting the variants the build keeps."""
-    totals = {c: 0 for c in ("identity", *compress.CODINGS)}
+    totals = {c: 0 for c in ("identity", *compress.CODINGS, "dcz", "dcz_count")}
     for i in range(served):
-        for v in docs.base(i).variants:
+        doc = docs.base(i)
+        for v in doc.variants:
             totals[v.coding] += len(v.body)
+        for _, v in doc.deltas:
+            totals["dcz"] += len(v.body)
+            totals["dcz_count"] += 1
     return totals
 
 
@@ -236,21 +260,75 @@ class _Documents:
         self._base: dict[int, assemble.Document] = {}
         self._rules: dict[int, emit.CompiledRule] = {}
         self.table: dict = {}  # the routes of the files alone (assemble.routes)
+        self.match: dict[int, str] = {}  # file index → its Use-As-Dictionary pattern
+        self.deltas: dict[int, tuple] = {}  # file index → (sha, key, dcz body) per earlier body
+        self.announced: dict[str, tuple[str, bytes]] = {}  # path → (pattern, body)
+        self.history_bytes = 0  # the bodies kept for the next build (``keep_history``)
+        self.delta_count = 0  # the dcz variants kept (``_summary``)
+
+    def announce(self, history: str, keep: int, cache: str | None,
+                 progress: bool) -> "dictionaries.History":
+        """Which files are announced as dictionaries (RFC 9842), and their deltas from the
+        bodies of the last ``keep`` builds kept in the folder ``history``; returns those."""
+        from .mime import content_type
+        past = dictionaries.History(history, keep)
+        if not keep:
+            return past
+        worth = [i for i, f in enumerate(self.files)
+                 if self.encoded[i] and dictionaries.worth(content_type(f.rel), len(self.datas[i]))]
+        pats = dictionaries.patterns([self.files[i].rel for i in worth])
+        cache = compress.default_cache_dir() if cache == "" else cache
+        jobs = []
+        for i in worth:
+            rel, data = self.files[i].rel, self.datas[i]
+            self.match[i] = pats[rel]
+            self.announced[assemble.url_key(rel).decode("utf-8", "surrogateescape")] = (
+                pats[rel], data)
+            for e in past.earlier(pats[rel], hashlib.sha256(data).digest()):
+                jobs.append((i, e))
+        with contextlib.ExitStack() as stack:
+            bar = (stack.enter_context(_Progress("dictionary deltas", len(jobs),
+                                                 sum(len(self.datas[i]) for i, _ in jobs)))
+                   if progress and jobs else None)
+            bodies = dictionaries.encode_all([(self.datas[i], e.data) for i, e in jobs], cache,
+                                             bar.done if bar else lambda n: None)
+        for (i, e), body in zip(jobs, bodies):
+            self.deltas.setdefault(i, []).append((e.sha, dictionaries.available(e.sha), body))
+        return past
+
+    def kept(self) -> tuple[int, int, int]:
+        """(dictionaries announced, dcz deltas kept, history bytes): ``Result``'s last fields."""
+        return len(self.announced), self.delta_count, self.history_bytes
+
+    def keep_history(self, tmp: str, past: "dictionaries.History", keep: int) -> None:
+        """Write this build's and the kept earlier builds' dictionary bodies into the build
+        being written, and their table into its manifest (nothing with ``keep`` 0)."""
+        if keep:
+            kept = dictionaries.write(tmp, self.announced, past, keep)
+            manifest.update(tmp, dictionaries=kept)
+            self.history_bytes = kept["history_bytes"]
 
     def headers(self, path: str, rel: str, hints: bool = True) -> tuple:
         """The author's fields for a path, after the page's early hints (a ``Link`` that
-        ``_headers`` may add to or remove with ``! Link``). ``hints``: False for a document
-        served as a 404, which gets no early hints (they go with a 200, RFC 8297 §2)."""
+        ``_headers`` may add to or remove with ``! Link``) and its Use-As-Dictionary (RFC
+        9842: ``! Use-As-Dictionary`` detaches it, an author's value comes after it and wins,
+        as the later key of a structured-field dictionary does). ``hints``: False for a
+        document served as a 404, which gets neither (early hints go with a 200, RFC 8297
+        §2; a dictionary is a successful response)."""
         hint = self.hints.get(rel) if hints else None
-        return rules.headers_for(self.header_rules, path, rel,
-                                 (("Link", hint),) if hint else ())
+        match = self.match.get(self.index[rel]) if hints else None
+        initial = ((("Link", hint),) if hint else ()) + (
+            (("Use-As-Dictionary", dictionaries.field(match)),) if match else ())
+        return rules.headers_for(self.header_rules, path, rel, initial)
 
     def make(self, rel: str, status: str, headers: tuple,
              private: bool = False) -> assemble.Document:
         i = self.index[rel]
         f = self.files[i]
+        ok = status == "200 OK"  # a delta is of a successful response
         return assemble.document(rel, self.datas[i], f.mtime, self.encoded[i], self.overrides,
-                                 status=status, headers=headers, private=private)
+                                 status=status, headers=headers, private=private,
+                                 deltas=tuple(self.deltas.get(i, ())) if ok else ())
 
     def base(self, i: int):
         """The plain document of file ``i`` (200, no author headers)."""

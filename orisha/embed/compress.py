@@ -40,15 +40,14 @@ def default_cache_dir() -> str:
     return cache_root("compressed")
 
 
-def _job(args: tuple[str, str, str, str | None]) -> bytes:
-    """Compress one file in one coding (in a worker process), through the cache."""
-    path, digest, coding, cache = args
-    cached = os.path.join(cache, f"{digest}.{coding}") if cache else None
+def through_cache(cache: str | None, name: str, make: Callable[[], bytes]) -> bytes:
+    """``make()``'s bytes, kept as ``name`` in the cache folder and read back from it next
+    time (no cache: made every time)."""
+    cached = os.path.join(cache, name) if cache else None
     if cached and os.path.exists(cached):
         with open(cached, "rb") as f:
             return f.read()
-    with open(path, "rb") as f:
-        enc = _encode(coding, f.read())
+    enc = make()
     if cached:
         os.makedirs(cache, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache)
@@ -56,6 +55,16 @@ def _job(args: tuple[str, str, str, str | None]) -> bytes:
             f.write(enc)
         os.replace(tmp, cached)  # atomic: concurrent builds never see half a file
     return enc
+
+
+def _job(args: tuple[str, str, str, str | None]) -> bytes:
+    """Compress one file in one coding (in a worker process), through the cache."""
+    path, digest, coding, cache = args
+
+    def make() -> bytes:
+        with open(path, "rb") as f:
+            return _encode(coding, f.read())
+    return through_cache(cache, f"{digest}.{coding}", make)
 
 
 def cache_key(data: bytes) -> str:

@@ -104,18 +104,21 @@ def _documents(out: str, docs: list[Document], not_found: Document,
             start = offsets[h]
             return f"B[{start}:{start + len(body)}]"
 
+        def variant(doc: Document, v) -> str:
+            status = doc.status.encode()
+            # The HTTP/2 header blocks and HTTP/3 field sections of its two heads,
+            # encoded here once (the heads are the core's own: a Variant formats them).
+            heads = Variant(v.coding.encode(), b"", v.fields, v.fields_304, v.body, status)
+            return (f"V({v.coding.encode()!r}, {v.etag.encode()!r}, {v.fields!r}, "
+                    f"{v.fields_304!r}, {place(v.body)}, {status!r}, "
+                    f"{hpack_block(heads.head)!r}, {hpack_block(heads.head_304)!r}, "
+                    f"{qpack_section(heads.head)!r}, {qpack_section(heads.head_304)!r})")
+
         def entry(doc: Document) -> str:
-            vs = []
-            for v in doc.variants:
-                status = doc.status.encode()
-                # The HTTP/2 header blocks and HTTP/3 field sections of its two heads,
-                # encoded here once (the heads are the core's own: a Variant formats them).
-                heads = Variant(v.coding.encode(), b"", v.fields, v.fields_304, v.body, status)
-                vs.append(f"V({v.coding.encode()!r}, {v.etag.encode()!r}, {v.fields!r}, "
-                          f"{v.fields_304!r}, {place(v.body)}, {status!r}, "
-                          f"{hpack_block(heads.head)!r}, {hpack_block(heads.head_304)!r}, "
-                          f"{qpack_section(heads.head)!r}, {qpack_section(heads.head_304)!r})")
-            return (f"Entry(({', '.join(vs)},), {doc.mtime}, {doc.conditional})")
+            vs = [variant(doc, v) for v in doc.variants]
+            deltas = ("" if not doc.deltas else ", {" + ", ".join(
+                f"{key!r}: {variant(doc, v)}" for key, v in doc.deltas) + "}")
+            return f"Entry(({', '.join(vs)},), {doc.mtime}, {doc.conditional}{deltas})"
 
         for i, doc in enumerate(docs):
             name = f"E{i}"

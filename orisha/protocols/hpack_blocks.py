@@ -287,3 +287,4 @@ def variants(site):
         if e.__class__ is Entry and id(e) not in seen:
             seen.add(id(e))
             yield from e.variants
+            yield from e.deltas.values()  # dcz (RFC 9842): chosen by Available-Dictionary

@@ -352,7 +352,7 @@ def build(site: str, out: str, *, loop: str = "auto", log=lambda m: print(m, fil
     stage = tempfile.mkdtemp(prefix=".orisha-container-", dir=parent)
     try:
         staged = os.path.join(stage, "out")
-        r = build_server(site, staged, loop=loop, **options)
+        r = build_server(site, staged, loop=loop, history=out, **options)
         sizes = write_executable(base, staged, os.path.join(staged, EXE_NAME))
         shutil.copyfile(init, os.path.join(staged, INIT_NAME))
         os.chmod(os.path.join(staged, INIT_NAME), 0o755)
