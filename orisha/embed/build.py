@@ -119,12 +119,7 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
                               links.Routes(resolved, compiled, docs.rule, fallback is not None,
                                            assets),
                               warn, strict_links, progress, early_hints)
-    if not_found:
-        nf = docs.make(not_found, "404 Not Found",
-                       docs.headers("/" + not_found, not_found, hints=False))
-    else:
-        nf = assemble.document("404.html", assemble.BUILTIN_404, 0, None, overrides,
-                               status="404 Not Found", dated=False)
+    nf = _not_found(docs, not_found, overrides)
     table = {key: docs.route(key, resolved[key]) for key in sorted(resolved)}
     fallback = docs.id(fallback, "200 OK", docs.headers("/" + fallback, fallback)) if fallback else None
 
@@ -138,6 +133,15 @@ def build(site: str, out: str, *, fallback: str | None = None, not_found: str | 
             also(tmp, Built(docs.used, table, nf, fallback, compiled, assets))
     replace_dir(out, write)
     return Result(out, served, totals, time.monotonic() - started, summary, *docs.kept())
+
+
+def _not_found(docs: "_Documents", not_found: str | None, overrides):
+    """The 404 document: the site's ``--not-found`` page, or the built-in one."""
+    if not_found:
+        return docs.make(not_found, "404 Not Found",
+                         docs.headers("/" + not_found, not_found, hints=False))
+    return assemble.document("404.html", assemble.BUILTIN_404, 0, None, overrides,
+                             status="404 Not Found", dated=False)
 
 
 def _check_options(site: str, out: str, loop: str, basic_auth, fallback, not_found):
