@@ -85,7 +85,7 @@ def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path):
     ca = pebble()
     s = acme_sites(two, ca, tmp_path / "state", "epoll", True)
     try:
-        s.wait_for("HTTP/3 on udp port %d (answered once ACME has a certificate)" % s.port)
+        s.wait_for("HTTP/3 on udp 127.0.0.1:%d (answered once ACME has a certificate)" % s.port)
         root = sites_issued(s, ca, str(tmp_path / "root.pem"))
         for site, names in ACME_SITES.items():
             for name in names:  # verified against Pebble's root and by name, by aioquic
