@@ -1,0 +1,229 @@
+"""HTTP/3 interop: the QUIC Interop Runner's cases against Orisha, byte-compared.
+
+Each case runs over real loopback UDP against ``orisha serve`` with 2 workers, on the
+epoll and the io_uring bodies (ids carry the loop). The client is ngtcp2's C client from
+Debian (``ngtcp2-client``: ``gtlsclient``, whose switches make the loss, the key update,
+the cipher and the migration) except where a case needs what it cannot do: NAT rebinding
+(its ``--nat-rebinding`` stalls against every server, its own included: aioquic's
+``QuicConnection`` moved to a new socket mid-download, keeping its connection ID) and the
+amplification limit (an Initial and then silence, from a socket of the test's own). With
+2 workers a new 4-tuple (migration, rebinding) may hash to the other worker's socket:
+connection-ID steering (orisha/protocols/quic_steer.py) hands its datagrams back.
+Not yet here (issue 31): resumption and 0-RTT (Orisha issues no session tickets over
+QUIC), and retry (sent only past 64 handshakes in progress: test_h3.py floods for it).
+"""
+
+from __future__ import annotations
+
+import random
+import select
+import socket
+import subprocess
+import time
+
+import pytest
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+from conftest import TEST_LIMITS, orisha
+from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
+
+pytestmark = pytest.mark.slow  # a peer's binary on every case
+LOOPS = ["epoll", "io-uring"]
+SMALL = [f"s{i:02d}.txt" for i in range(40)]  # multiplexing: one stream each
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A site of a 3 MB and a 1 MB body, a page and 40 small files; (build, source)."""
+    src = tmp_path_factory.mktemp("interop-site")
+    r = random.Random(31)
+    (src / "big.bin").write_bytes(r.randbytes(3_000_000))
+    (src / "mid.bin").write_bytes(r.randbytes(1_000_000))
+    (src / "index.html").write_bytes(b"<!doctype html><title>interop</title><p>interop\n")
+    for name in SMALL:
+        (src / name).write_bytes(r.randbytes(r.randint(1, 20_000)))
+    out = tmp_path_factory.mktemp("interop-build") / "b"
+    r = orisha("build", str(src), "-o", str(out), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return str(out), src
+
+
+@pytest.fixture(scope="module", params=LOOPS)
+def server(request, site, pki):
+    s = serve(site[0], "--loop", request.param, "--workers", "2", *TEST_LIMITS,
+              "--idle-timeout", "30", "--tls-cert", pki.chain, "--tls-key", pki.key)
+    yield s
+    assert s.stop() == 0
+
+
+def gtls(port: int, paths: list[str], folder, *opts: str, timeout: float = 60) -> str:
+    """ngtcp2's client fetching ``paths`` on one connection into ``folder``; its log (debug
+    lines without the packet and HTTP dumps). A failed run fails the test."""
+    folder.mkdir(exist_ok=True)
+    r = subprocess.run(["gtlsclient", "--no-quic-dump", "--no-http-dump",
+                        "--exit-on-all-streams-close", "--timeout=20s", "--download", str(folder),
+                        *opts, "127.0.0.1", str(port),
+                        *[f"https://127.0.0.1:{port}/{p}" for p in paths]],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stderr + r.stdout
+
+
+def same(folder, src, names) -> None:
+    for n in names:
+        got = (folder / n).read_bytes() if (folder / n).exists() else b""
+        assert got == (src / n).read_bytes(), f"{n}: {len(got)} bytes"
+
+
+def test_handshake_and_a_multi_megabyte_transfer(server, site, tmp_path):
+    log = gtls(server.port, ["big.bin"], tmp_path / "d")
+    assert "Negotiated ALPN is h3" in log
+    same(tmp_path / "d", site[1], ["big.bin"])
+
+
+def test_forty_streams_on_one_connection(server, site, tmp_path):
+    gtls(server.port, SMALL, tmp_path / "d")
+    same(tmp_path / "d", site[1], SMALL)
+
+
+def test_transfer_loss_each_way(server, site, tmp_path):
+    """20 % of datagrams dropped each way (the client's -t/-r) through a 1 MB download."""
+    gtls(server.port, ["mid.bin"], tmp_path / "d", "-t", "0.2", "-r", "0.2", timeout=90)
+    same(tmp_path / "d", site[1], ["mid.bin"])
+
+
+def test_handshake_loss_each_way(server, site, tmp_path):
+    """30 % dropped each way, handshakes included: five connections, each gets its page."""
+    for i in range(5):
+        gtls(server.port, ["index.html"], tmp_path / f"d{i}", "-t", "0.3", "-r", "0.3",
+             timeout=90)
+        same(tmp_path / f"d{i}", site[1], ["index.html"])
+
+
+def test_key_update_mid_transfer(server, site, tmp_path):
+    log = gtls(server.port, ["big.bin"], tmp_path / "d", "--key-update=20ms")
+    assert "key update confirmed" in log, log[-3000:]
+    same(tmp_path / "d", site[1], ["big.bin"])
+
+
+def test_chacha20(server, site, tmp_path):
+    log = gtls(server.port, ["big.bin"], tmp_path / "d",
+               "--ciphers=NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL:+CHACHA20-POLY1305")
+    assert "Negotiated cipher suite is CHACHA20-POLY1305" in log
+    same(tmp_path / "d", site[1], ["big.bin"])
+
+
+def test_connection_migration_mid_transfer(server, site, tmp_path):
+    """The client moves to a new local address 20 ms after the handshake, with a new
+    connection ID and path validation (RFC 9000 §9), and the download goes on."""
+    log = gtls(server.port, ["big.bin"], tmp_path / "d", "--change-local-addr=20ms")
+    assert "Local address is now" in log and "succeeded" in log.split("Local address is now")[1]
+    same(tmp_path / "d", site[1], ["big.bin"])
+
+
+class _Client:
+    """aioquic's QuicConnection and H3Connection over a UDP socket this test may replace."""
+
+    def __init__(self, port: int, ca: str) -> None:
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                                   server_name="localhost", idle_timeout=30)
+        config.load_verify_locations(ca)
+        self.addr = ("127.0.0.1", port)
+        self.quic = QuicConnection(configuration=config)
+        self.h3 = H3Connection(self.quic)
+        self.sock = self._socket()
+        self.body, self.done = bytearray(), False
+        self.quic.connect(self.addr, time.time())
+
+    def _socket(self) -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        return s
+
+    def rebind(self) -> None:
+        """A NAT's new mapping: the same connection (and ID) from another port."""
+        self.sock.close()
+        self.sock = self._socket()
+
+    def get(self, path: str) -> None:
+        sid = self.quic.get_next_available_stream_id()
+        self.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                   (b":authority", b"localhost"), (b":path", path.encode())],
+                             end_stream=True)
+
+    def turn(self) -> None:
+        for data, addr in self.quic.datagrams_to_send(time.time()):
+            try:
+                self.sock.sendto(data, addr)
+            except BlockingIOError:  # loopback buffer full: lost, QUIC retransmits
+                pass
+        t = self.quic.get_timer()
+        wait = 0.02 if t is None else max(0.0, min(0.02, t - time.time()))
+        if select.select([self.sock], [], [], wait)[0]:
+            while True:
+                try:
+                    data, addr = self.sock.recvfrom(65536)
+                except BlockingIOError:  # all read
+                    break
+                self.quic.receive_datagram(data, addr, time.time())
+        t = self.quic.get_timer()
+        if t is not None and time.time() >= t:
+            self.quic.handle_timer(time.time())
+        e = self.quic.next_event()
+        while e is not None:
+            for h in self.h3.handle_event(e):
+                if isinstance(h, DataReceived):
+                    self.body += h.data
+                    self.done = self.done or h.stream_ended
+            e = self.quic.next_event()
+
+
+def test_nat_rebinding_mid_download(server, site, pki):
+    """The client's address changes twice during a 3 MB download, without a new connection
+    ID (a NAT's new mapping): the server validates the new path and the bytes arrive whole."""
+    want = (site[1] / "big.bin").read_bytes()
+    c = _Client(server.port, pki.ca)
+    try:
+        c.get("/big.bin")
+        deadline = time.monotonic() + 60
+        marks = [len(want) // 3, 2 * len(want) // 3]
+        while not c.done:
+            assert time.monotonic() < deadline, f"stalled at {len(c.body)} bytes"
+            c.turn()
+            if marks and len(c.body) >= marks[0]:
+                marks.pop(0)
+                c.rebind()
+        assert not marks and bytes(c.body) == want
+    finally:
+        c.sock.close()
+
+
+def test_the_amplification_limit_before_the_address_is_validated(server, pki):
+    """RFC 9000 §8.1: until the client's address is validated the server sends at most
+    three times what it received. One Initial, then silence (no ACK, so every probe
+    timeout repeats the server's flight): for 3 s, no more than 3x the Initial's bytes."""
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    config.load_verify_locations(pki.ca)
+    quic = QuicConnection(configuration=config)
+    addr = ("127.0.0.1", server.port)
+    quic.connect(addr, time.time())
+    first = quic.datagrams_to_send(time.time())
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sent = 0
+        for data, _ in first:
+            sent += s.sendto(data, addr)
+        got, end = 0, time.monotonic() + 3
+        while time.monotonic() < end:
+            s.settimeout(max(0.01, end - time.monotonic()))
+            try:
+                got += len(s.recv(65536))
+            except TimeoutError:  # nothing more within the window
+                break
+        assert 0 < got <= 3 * sent, (got, sent)
+    finally:
+        s.close()
