@@ -216,9 +216,7 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
         acme_ca: str | None = None, state: str | None = None, http3: bool = True) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
-    ``host``: an address, or several (a sequence, or one string with commas: the CLI's
-    default is ``LOOPBACK``, where ::1 is left out on a machine without IPv6); every
-    address is served on the one port number, by ``workers`` workers each.
+    ``host``: one address or several (``hosts_of``), each with ``workers`` workers.
     SIGHUP reloads a build folder with zero downtime: a new generation of
     workers starts on the same listeners, then the old one stops gracefully.
     ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
@@ -252,10 +250,9 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
         raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     limits = limits or Limits()
-    hosts, optional = hosts_of(host), (LOOPBACK[1:] if host is LOOPBACK else ())
-    hosts, socks, plain, udp, quic, alt_svc = _ports(
-        hosts, port, http_port, workers, limits, admin,
-        _quic_pairs(acme, certs, _seq(tls_key)) if http3 else None, optional)
+    socks, plain, udp, quic, alt_svc = _ports(host, port, http_port, workers, limits, admin,
+                                              _quic_pairs(acme, certs, _seq(tls_key)) if http3
+                                              else None)
     https_port = socks[0].getsockname()[1]
     sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
                      load=load, name=str(build_dir) if reloadable else "", protocols=protocols,
@@ -263,30 +260,31 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
                      watch=FileWatch([*_seq(tls_cert), *_seq(tls_key)]) if tls_cert else None,
                      acme=acme, udp=udp, quic=quic, alt_svc=alt_svc)
     sup.start()
-    h3_line = "HTTP/3 on udp " + " and ".join(_addr(s.getsockname()) for s in udp[::workers])
+    udp_line = "HTTP/3 on udp " + " and ".join(_addr(s.getsockname()) for s in udp[::workers])
     announce(_serving_line(socks[::workers], admin, name, workers, site,
-                           "https" if tls_on else "http", plain[::workers], h3_line if udp else ""))
+                           "https" if tls_on else "http", plain[::workers], udp and udp_line))
     if udp and sup.quic is None:
-        print(f"orisha: {h3_line} (answered once ACME has a certificate)", file=sys.stderr)
+        print(f"orisha: {udp_line} (answered once ACME has a certificate)", file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
 
 
-def _ports(hosts: tuple, port: int, http_port: int | None, workers: int, limits: Limits, admin,
-           quic_files, optional=()):
-    """The serving listeners of every address in ``hosts`` (``workers`` per address, one
-    port number for all), the plain port's beside them (``http_port``), and with
-    ``quic_files`` (what lists the (names, certificate, key) to serve: ``_quic_pairs``)
-    HTTP/3's UDP sockets, its QUIC configuration maker and Alt-Svc; first of all, the
-    addresses bound (an address of ``optional`` the machine lacks, ::1 without IPv6, is
-    left out). Whatever was opened is closed (the admin socket too) if one fails."""
+def _ports(host, port: int, http_port: int | None, workers: int, limits: Limits, admin,
+           quic_files):
+    """The serving listeners of every address of ``host`` (``hosts_of``; ``workers`` per
+    address, one port number for all; of ``LOOPBACK``, ::1 is left out on a machine
+    without it), the plain port's beside them (``http_port``), and with ``quic_files``
+    (what lists the (names, certificate, key) to serve: ``_quic_pairs``) HTTP/3's UDP
+    sockets, its QUIC configuration maker and Alt-Svc. Whatever was opened is closed (the
+    admin socket too) if one fails."""
+    hosts, optional = hosts_of(host), (LOOPBACK[1:] if host is LOOPBACK else ())
     try:
         quic = _quic(quic_files, limits) if quic_files else None
         tries = PORT_TRIES if len(hosts) > 1 and 0 in (port, http_port) else 1
         for attempt in range(tries):
             try:
-                live, socks, plain, udp = _open(hosts, port, http_port, workers,
-                                                quic is not None, optional)
+                socks, plain, udp = _open(hosts, port, http_port, workers, quic is not None,
+                                          optional)
                 break
             except PortError as e:  # port 0: the one the first address got is taken on another
                 if e.errno != errno.EADDRINUSE or attempt == tries - 1:
@@ -296,15 +294,15 @@ def _ports(hosts: tuple, port: int, http_port: int | None, workers: int, limits:
             admin.close()
         raise
     alt_svc = _advertise(socks[0].getsockname()[1]) if quic else b""
-    return live, socks, plain, udp, quic, alt_svc
+    return socks, plain, udp, quic, alt_svc
 
 
 def _open(hosts: tuple, port: int, http_port: int | None, workers: int, datagrams: bool,
           optional=()):
-    """(addresses bound, TLS or plain listeners, plain-port listeners, UDP sockets): each
-    list ``workers`` per address, address by address, so worker i serves socks[i], udp[i]."""
+    """(TLS or plain listeners, plain-port listeners, UDP sockets): each list ``workers``
+    per address, address by address, so worker i serves socks[i] and udp[i]."""
     opened: list[socket.socket] = []
-    live, socks, plain, udp = [], [], [], []
+    socks, plain, udp = [], [], []
     v6only = len(hosts) > 1
     try:
         for h in hosts:
@@ -316,7 +314,6 @@ def _open(hosts: tuple, port: int, http_port: int | None, workers: int, datagram
                 raise
             opened += group
             socks += group
-            live.append(h)
             port = group[0].getsockname()[1]  # port 0: every address gets the first's number
             if http_port is not None:
                 group = listeners(h, http_port, workers, v6only=v6only)
@@ -331,7 +328,7 @@ def _open(hosts: tuple, port: int, http_port: int | None, workers: int, datagram
         for s in opened:
             s.close()
         raise
-    return live, socks, plain, udp
+    return socks, plain, udp
 
 
 def _sites_to_serve(build_dir, sites, hsts: int | None):
@@ -503,7 +500,9 @@ def _quic(pairs, limits: Limits):
     except ImportError as e:
         raise ServeError(f"HTTP/3 needs aioquic (a dependency of orisha: pip install aioquic), or --no-http3: {e}") \
             from None
-    make = lambda: h3.configurations(pairs(), limits.idle_timeout)  # noqa: E731
+    from .protocols.quic_tickets import Tickets
+    tickets = Tickets()  # before the fork: one table for every worker of every generation
+    make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets)  # noqa: E731
     make()
     return make
 

@@ -9,13 +9,15 @@ the cipher and the migration) except where a case needs what it cannot do: NAT r
 amplification limit (an Initial and then silence, from a socket of the test's own). With
 2 workers a new 4-tuple (migration, rebinding) may hash to the other worker's socket:
 connection-ID steering (orisha/protocols/quic_steer.py) hands its datagrams back.
-Not yet here (issue 31): resumption and 0-RTT (Orisha issues no session tickets over
-QUIC), and retry (sent only past 64 handshakes in progress: test_h3.py floods for it).
+Resumption and 0-RTT: aioquic's client (whose TLS says whether it resumed and whether its
+early data was accepted) and ngtcp2's. Not here: retry (sent only past 64 handshakes in
+progress).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import select
 import socket
 import subprocess
@@ -227,3 +229,54 @@ def test_the_amplification_limit_before_the_address_is_validated(server, pki):
         assert 0 < got <= 3 * sent, (got, sent)
     finally:
         s.close()
+
+
+def _resume(port: int, ca: str, ticket, early: bool):
+    """One aioquic connection (with ``ticket``: resuming it; ``early``: the request sent
+    before the handshake is done, as 0-RTT): (status, body, resumed, early data accepted,
+    the connection's new ticket)."""
+    import asyncio
+    from aioquic.asyncio.client import connect
+    from test_h3 import _Client
+    got = []
+
+    async def run():
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost",
+                                   session_ticket=ticket)
+        config.load_verify_locations(ca)
+        async with connect("127.0.0.1", port, configuration=config, create_protocol=_Client,
+                           session_ticket_handler=got.append, wait_connected=not early) as c:
+            status, _, body, _ = await c.request("/index.html")
+            for _ in range(100):  # the ticket comes after the handshake
+                if got:
+                    break
+                await asyncio.sleep(0.02)
+            tls = c._quic.tls
+            return status, body, tls.session_resumed, tls.early_data_accepted, got[-1]
+    return asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_resumption_and_0rtt_on_any_worker(server, site, pki):
+    """A ticket from one connection resumes the next (no certificate: RFC 8446 §2.2), and a
+    request sent before the handshake ends (every other one) goes as 0-RTT, early data the
+    server accepts (its EncryptedExtensions say so) — six connections in a row,
+    each resuming the last one's ticket, so both workers take tickets the other issued."""
+    want = (site[1] / "index.html").read_bytes()
+    status, body, resumed, _, ticket = _resume(server.port, pki.ca, None, False)
+    assert (status, body, resumed) == (200, want, False)
+    for i in range(6):
+        status, body, resumed, early, ticket = _resume(server.port, pki.ca, ticket, i % 2 == 1)
+        assert (status, body, resumed, early) == (200, want, True, True), i
+
+
+def test_resumption_with_ngtcp2s_client(server, site, tmp_path):
+    """ngtcp2's client with a session file: the second connection's Handshake flight has no
+    certificate (a resumed handshake), and the page arrives."""
+    files = ["--session-file", str(tmp_path / "session"), "--tp-file", str(tmp_path / "tp")]
+    sizes = []
+    for i in range(2):
+        log = gtls(server.port, ["index.html"], tmp_path / f"d{i}", *files)
+        same(tmp_path / f"d{i}", site[1], ["index.html"])
+        sizes.append(max(int(m) for m in re.findall(r"pkt rx pkn=\d+ .* type=Handshake len=(\d+)",
+                                                       log)))
+    assert sizes[1] < sizes[0] - 300, sizes  # the test CA's leaf alone is ~500 bytes

@@ -120,8 +120,10 @@ _date = [-1, b""]  # (second, QPACK date field line)
 @dataclasses.dataclass
 class ServerConfiguration(QuicConfiguration):
     """aioquic's configuration (its certificate: the first one's) and, with several
-    certificates, ``by_name``: server name → (certificate, chain, private key) or None."""
+    certificates, ``by_name``: server name → (certificate, chain, private key) or None;
+    ``tickets``: the server's session-ticket table (quic_tickets.py), or None."""
     by_name: Callable | None = None
+    tickets: object = None
 
 
 def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfiguration:
@@ -135,7 +137,7 @@ def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfigurati
     return config
 
 
-def configurations(pairs, idle_timeout: float) -> ServerConfiguration | None:
+def configurations(pairs, idle_timeout: float, tickets=None) -> ServerConfiguration | None:
     """One configuration for several certificates, SNI choosing (``tls.by_server_name``);
     ``pairs``: (DNS names, certificate file, key file) in command-line order. None for
     none (ACME before its first certificate: HTTP/3 is not answered yet)."""
@@ -143,6 +145,7 @@ def configurations(pairs, idle_timeout: float) -> ServerConfiguration | None:
     if not loaded:
         return None
     first = loaded[0][1]
+    first.tickets = tickets
     if len(loaded) > 1:
         first.by_name = by_server_name(
             [(names, (c.certificate, c.certificate_chain, c.private_key)) for names, c in loaded])
@@ -156,7 +159,11 @@ class _Quic(QuicConnection):
 
     sni: str | None = None
 
-    def __init__(self, *, steer=None, **kw) -> None:
+    def __init__(self, *, steer=None, tickets=None, **kw) -> None:
+        if tickets is not None:  # resumption and 0-RTT, on any worker (quic_tickets.py)
+            kw["session_ticket_fetcher"] = lambda label: tickets.fetch(label, self.sni)
+            kw["session_ticket_handler"] = lambda t: tickets.store(
+                dataclasses.replace(t, server_name=self.sni))
         super().__init__(**kw)
         bidi = self._local_max_streams_bidi  # before the transport parameters are made
         bidi.value = bidi.sent = MAX_STREAMS
@@ -503,7 +510,8 @@ class Endpoint:
                 addr, 0))
             return None
         quic = _Quic(configuration=self.config, original_destination_connection_id=original,
-                     retry_source_connection_id=retried, steer=self.steer)
+                     retry_source_connection_id=retried, steer=self.steer,
+                     tickets=self.config.tickets)
         c = _Conn(quic, addr[0], next(self.seq), app)
         c.since = now
         self.handshaking += 1
