@@ -526,6 +526,9 @@ class Endpoint:
     def _process(self, c: _Conn, now: float) -> None:
         """After input or a timer: handle its events, queue bodies, gather its datagrams."""
         quic, h3 = c.quic, c.h3
+        if c.handshaking and c.app is self.app and self.app.hosts is not None \
+                and getattr(quic, "tls", None) is not None and quic.tls.early_data_accepted:
+            c.app = self.app.view(quic.sni)  # 0-RTT: requests before the handshake completes
         event = quic.next_event()
         ended = False
         while event is not None:
