@@ -29,7 +29,7 @@ from aioquic.h3.events import DataReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
-from conftest import TEST_LIMITS, orisha
+from conftest import orisha
 from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
 
 pytestmark = pytest.mark.slow  # a peer's binary on every case
@@ -55,8 +55,10 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=LOOPS)
 def server(request, site, pki):
-    s = serve(site[0], "--loop", request.param, "--workers", "2", *TEST_LIMITS,
-              "--idle-timeout", "30", "--tls-cert", pki.chain, "--tls-key", pki.key)
+    # The default time limits, not the suite's short ones: at 30 % loss on a loaded machine a
+    # request's HEADERS can take longer than TEST_LIMITS' 2 s head timeout to get through.
+    s = serve(site[0], "--loop", request.param, "--workers", "2", "--idle-timeout", "30",
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
     yield s
     assert s.stop() == 0
 
@@ -70,8 +72,9 @@ def gtls(port: int, paths: list[str], folder, *opts: str, timeout: float = 60) -
                         *opts, "127.0.0.1", str(port),
                         *[f"https://127.0.0.1:{port}/{p}" for p in paths]],
                        capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stderr + r.stdout
+    log = r.stderr + r.stdout
+    assert r.returncode == 0 and "ngtcp2_conn_handle_expiry" not in log, log[-2000:]  # it
+    return log  # exits 0 on a handshake or idle timeout, saying so
 
 
 def same(folder, src, names) -> None:
@@ -93,15 +96,18 @@ def test_forty_streams_on_one_connection(server, site, tmp_path):
 
 def test_transfer_loss_each_way(server, site, tmp_path):
     """20 % of datagrams dropped each way (the client's -t/-r) through a 1 MB download."""
-    gtls(server.port, ["mid.bin"], tmp_path / "d", "-t", "0.2", "-r", "0.2", timeout=90)
+    gtls(server.port, ["mid.bin"], tmp_path / "d", "-t", "0.2", "-r", "0.2",
+         "--handshake-timeout=60s", timeout=90)
     same(tmp_path / "d", site[1], ["mid.bin"])
 
 
 def test_handshake_loss_each_way(server, site, tmp_path):
-    """30 % dropped each way, handshakes included: five connections, each gets its page."""
+    """30 % dropped each way, handshakes included: five connections, each gets its page.
+    A handshake then takes a few probe timeouts (2.5 s on average here, at times over the
+    client's default 10 s handshake timeout): the client waits up to 60 s."""
     for i in range(5):
         gtls(server.port, ["index.html"], tmp_path / f"d{i}", "-t", "0.3", "-r", "0.3",
-             timeout=90)
+             "--handshake-timeout=60s", timeout=90)
         same(tmp_path / f"d{i}", site[1], ["index.html"])
 
 
