@@ -89,9 +89,11 @@ class PortError(ServeError):
 
 
 def hosts_of(host) -> tuple[str, ...]:
-    """``--host``'s addresses: one string (commas allowed: ``127.0.0.1,::1``) or several."""
+    """``--host``'s addresses: one string (commas allowed: ``127.0.0.1,::1``) or several;
+    an IPv6 address may be bracketed as in a URL (``[::1]``)."""
     items = (host,) if isinstance(host, str) else tuple(host)
     hosts = [h.strip() for item in items for h in item.split(",")]
+    hosts = [h[1:-1] if h[:1] == "[" and h[-1:] == "]" else h for h in hosts]
     if not hosts or not all(hosts):
         raise ServeError(f"--host: an empty address in {', '.join(map(repr, items)) or 'nothing'}")
     return tuple(dict.fromkeys(hosts))  # one address given twice is bound once

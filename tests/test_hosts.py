@@ -94,7 +94,9 @@ def test_the_default_host_serves_both_loopback_families_on_tcp_and_udp(builds, p
 
 
 @pytest.mark.parametrize("hosts", [["--host", "::1", "--host", "127.0.0.1"],
-                                   ["--host", "::1,127.0.0.1"]], ids=["repeated", "commas"])
+                                   ["--host", "::1,127.0.0.1"],
+                                   ["--host", "[::1], 127.0.0.1"]],
+                         ids=["repeated", "commas", "brackets"])
 def test_several_hosts_repeated_or_with_commas(builds, hosts):
     s = Served(builds["notfound"], "--workers", "2", *hosts)
     try:
