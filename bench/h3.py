@@ -1,26 +1,30 @@
-"""HTTP/3: Orisha against Caddy (HTTP/3 on by default), same certificate, same bytes.
+"""HTTP/3 per request: Orisha against Caddy and ngtcp2's example server, and Orisha's own h2.
 
-Strategy: bench/bench.py's site (a ~1 KB and a ~13 KB HTML document) is built
-with Orisha and exported as files (with .gz beside them) for Caddy's
-``file_server { precompressed gzip }``; a test CA and leaf come from
-tests/tlsutil.py. Each server runs one worker pinned to CPU 0. Debian's h2load
-has no HTTP/3, so the load generator is aioquic's client: ``--clients``
-processes pinned to CPU 1, each one QUIC connection keeping ``--streams``
-requests in flight for ``--seconds`` (bounded in time and in count). Per server
-and document: requests per second, and the server's CPU time per request
-(utime+stime of its processes from /proc over the timed run). Medians over
-interleaved rounds. The client is Python and is usually the limit: the CPU per
-request is the figure to compare.
+Strategy: bench/bench.py's site (a ~1 KB and a ~13 KB HTML document) is built with
+Orisha and exported as files for Caddy (``file_server``, HTTP/3 on by default) and for
+ngtcp2's example server (Debian ``ngtcp2-server``: ``gtlsserver -d ROOT``, a C floor for
+QUIC on this machine); one certificate from tests/tlsutil.py for all. Each server runs one
+worker pinned to CPU 0. The load is C (the aioquic client of earlier versions of this
+script saturated its core first): ``--clients`` processes of ngtcp2's client (Debian
+``ngtcp2-client``: ``gtlsclient -n N``, one QUIC connection of N requests each), pinned to
+CPU 1; Orisha's h2 over TLS on the same port gets h2load with as many connections and
+``H2_SCALE`` times the requests (the /proc clock ticks every 10 ms). Before a server is
+timed, its answer is fetched and compared with the build's identity bytes (the clients
+send no Accept-Encoding). Per server and document: requests per second, the server's CPU
+time per request (utime+stime of its whole session from
+/proc over the run), and how busy the clients kept their core (their CPU over the wall
+time: near 1.0, the client was the limit). Medians over interleaved rounds; then the
+ratios. Bounded in count (``--requests`` per client) and time (``TIMEOUT`` per run).
 
-    .venv/bin/python bench/h3.py [--seconds 5] [--rounds 3] [--loop epoll]
+    .venv/bin/python bench/h3.py [--requests 2000] [--clients 2] [--rounds 3] [--loop epoll]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +39,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import bench as B  # noqa: E402  (the site, the export, Proc with /proc CPU)
 
 DOCS = {"1 KB": "/doc-1k.html", "13 KB": "/doc-13k.html"}
+SERVERS = ("orisha", "caddy", "ngtcp2", "orisha-h2")
+TIMEOUT = 120  # seconds one load run may take at most
+H2_SCALE = 10  # h2 gets this many times the requests: ~5 µs each is a 10 ms clock tick per 2,000
 CADDYFILE = """{{
 \tadmin off
 \tauto_https off
@@ -42,104 +49,169 @@ CADDYFILE = """{{
 https://127.0.0.1:{port} {{
 \ttls {cert} {key}
 \troot * {root}
-\tfile_server {{
-\t\tprecompressed gzip
-\t}}
+\tfile_server
 }}
 """
-MAX_REQUESTS = 200_000  # per client process: the bound in count beside --seconds
 
 
-def client(port: int, path: str, seconds: float, streams: int, ca: str) -> dict:
-    """One QUIC connection keeping ``streams`` GETs in flight until ``seconds`` have passed."""
-    from aioquic.asyncio.client import connect
-    from aioquic.asyncio.protocol import QuicConnectionProtocol
-    from aioquic.h3.connection import H3_ALPN, H3Connection
-    from aioquic.h3.events import DataReceived, HeadersReceived
-    from aioquic.quic.configuration import QuicConfiguration
+class Server(B.Proc):
+    """B.Proc, made ready by a fetch over its own protocol (gtlsserver has no TCP port)."""
 
-    class Load(QuicConnectionProtocol):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.h3 = H3Connection(self._quic)
-            self.done = 0
-            self.bytes = 0
-            self.stop_at = 0.0
-            self.finished = asyncio.get_running_loop().create_future()
-            self.inflight = 0
-
-        def send_one(self):
-            sid = self._quic.get_next_available_stream_id()
-            self.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
-                                       (b":authority", b"127.0.0.1"), (b":path", path.encode()),
-                                       (b"accept-encoding", b"gzip")], end_stream=True)
-            self.inflight += 1
-
-        def quic_event_received(self, event):
-            for e in self.h3.handle_event(event):
-                if isinstance(e, DataReceived):
-                    self.bytes += len(e.data)
-                if isinstance(e, (HeadersReceived, DataReceived)) and e.stream_ended:
-                    self.done += 1
-                    self.inflight -= 1
-                    if time.time() < self.stop_at and self.done < MAX_REQUESTS:
-                        self.send_one()
-                    elif not self.inflight and not self.finished.done():
-                        self.finished.set_result(None)
-            self.transmit()
-
-    async def run():
-        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
-        config.load_verify_locations(ca)
-        async with connect("127.0.0.1", port, configuration=config, create_protocol=Load,
-                           wait_connected=True) as c:
-            start = time.time()
-            c.stop_at = start + seconds
-            for _ in range(streams):
-                c.send_one()
-            c.transmit()
-            await asyncio.wait_for(c.finished, seconds + 30)
-            return {"done": c.done, "bytes": c.bytes, "wall": time.time() - start}
-    return asyncio.run(run())
+    def __init__(self, name: str, cmd: list[str], port: int, ready, env=None) -> None:
+        self.name, self.port = name, port
+        self.p = subprocess.Popen(["taskset", "-c", "0", *cmd], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                ready()
+                return
+            except (RuntimeError, subprocess.SubprocessError):
+                if time.monotonic() > deadline or self.p.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"{name} did not start") from None
+                time.sleep(0.2)
 
 
-def load(port: int, path: str, seconds: float, clients: int, streams: int, ca: str) -> dict:
-    """``clients`` client processes on CPU 1 at once; their summed counts."""
-    code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import h3; "
-            f"print(json.dumps(h3.client({port}, {path!r}, {seconds}, {streams}, {ca!r})))")
-    procs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", code],
-                              stdout=subprocess.PIPE, text=True) for _ in range(clients)]
-    outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=seconds + 60)
-        outs.append(json.loads(out))
-    wall = max(o["wall"] for o in outs)
-    return {"done": sum(o["done"] for o in outs), "rps": sum(o["done"] for o in outs) / wall}
+def fetch_h3(port: int, path: str, tmp: str) -> bytes:
+    """One GET over HTTP/3 with ngtcp2's client: the body it downloaded."""
+    out = tempfile.mkdtemp(dir=tmp)
+    subprocess.run(["gtlsclient", "-q", "--exit-on-all-streams-close", "--timeout=5s",
+                    "--download", out, "127.0.0.1", str(port), f"https://127.0.0.1:{port}{path}"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15, check=True)
+    name = os.path.join(out, os.path.basename(path))
+    if not os.path.exists(name):
+        raise RuntimeError(f"{port}{path}: nothing downloaded")
+    with open(name, "rb") as f:
+        return f.read()
 
 
-def start(server: str, tmp: str, build: str, root: str, pki, loop: str) -> "B.Proc":
+def fetch_h2(port: int, path: str, tmp: str) -> bytes:
+    """One GET over h2 (TLS, ALPN) with curl: the body, checked to have come over HTTP/2."""
+    r = subprocess.run(["curl", "-sk", "--http2", "-w", "\n%{http_version} %{http_code}",
+                        f"https://127.0.0.1:{port}{path}"], capture_output=True, timeout=15)
+    body, _, tail = r.stdout.rpartition(b"\n")
+    if r.returncode or tail != b"2 200":
+        raise RuntimeError(f"{port}{path}: curl {r.returncode} {tail!r}")
+    return body
+
+
+def start(server: str, tmp: str, build: str, root: str, pki, loop: str) -> Server:
     port = B.free_port()
+    fetch = fetch_h2 if server == "orisha-h2" else fetch_h3
+    ready = lambda: fetch(port, DOCS["1 KB"], tmp)  # noqa: E731
     if server == "caddy":
         conf = os.path.join(tempfile.mkdtemp(dir=tmp), "Caddyfile")
         with open(conf, "w") as f:
             f.write(CADDYFILE.format(port=port, root=root, cert=pki.chain, key=pki.key))
-        return B.Proc(server, ["caddy", "run", "--config", conf, "--adapter", "caddyfile"], port,
-                      "0", env={**os.environ, "HOME": tmp, "XDG_DATA_HOME": tmp,
-                                "XDG_CONFIG_HOME": tmp})
-    return B.Proc(server, [sys.executable, "-m", "orisha.cli", "serve", build, "--port", str(port),
-                           "--workers", "1", "--loop", loop, "--tls-cert", pki.chain,
-                           "--tls-key", pki.key], port, "0")
+        return Server(server, ["caddy", "run", "--config", conf, "--adapter", "caddyfile"], port,
+                      ready, env={**os.environ, "HOME": tmp, "XDG_DATA_HOME": tmp,
+                                  "XDG_CONFIG_HOME": tmp})
+    if server == "ngtcp2":
+        return Server(server, ["gtlsserver", "-q", "-d", root, "127.0.0.1", str(port), pki.key,
+                               pki.chain], port, ready)
+    return Server(server, [sys.executable, "-m", "orisha.cli", "serve", build, "--port", str(port),
+                           "--host", "127.0.0.1", "--workers", "1", "--loop", loop,
+                           "--tls-cert", pki.chain, "--tls-key", pki.key], port, ready)
+
+
+def _reap(procs: list) -> float:
+    """Wait for every client; their CPU seconds (os.wait4's rusage). A failed one raises."""
+    cpu, deadline = 0.0, time.monotonic() + TIMEOUT
+    for p in procs:
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                for q in procs:
+                    if q.poll() is None:
+                        q.send_signal(signal.SIGKILL)
+                raise RuntimeError(f"the load did not finish within {TIMEOUT} s")
+            time.sleep(0.01)
+        if p.returncode:
+            raise RuntimeError(f"{p.args}: exit status {p.returncode}")
+        cpu += ru.ru_utime + ru.ru_stime
+    return cpu
+
+
+def load(server: str, port: int, path: str, requests: int, clients: int) -> dict:
+    """``clients`` C clients on CPU 1 at once, ``requests`` each: done, req/s, client core."""
+    url = f"https://127.0.0.1:{port}{path}"
+    if server == "orisha-h2":
+        requests *= H2_SCALE
+        cmds = [["h2load", "-n", str(requests * clients), "-c", str(clients), "-m", "100", url]]
+    else:
+        cmds = [["gtlsclient", "-q", "--exit-on-all-streams-close", "--timeout=30s",
+                 "-n", str(requests), "127.0.0.1", str(port), url]] * clients
+    start = time.monotonic()
+    procs = [subprocess.Popen(["taskset", "-c", "1", *c], stdout=subprocess.PIPE if
+                              server == "orisha-h2" else subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for c in cmds]
+    client_cpu = _reap(procs)
+    wall = time.monotonic() - start
+    done = requests * clients
+    if server == "orisha-h2":
+        out = procs[0].stdout.read().decode()
+        m = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded", out)
+        done = int(m.group(1)) if m else 0
+    for p in procs:
+        if p.stdout:
+            p.stdout.close()
+    return {"done": done, "rps": done / wall, "client": client_cpu / wall}
+
+
+def measure(servers, args, tmp, build, root, pki, want) -> dict:
+    results: dict = {(s, d): [] for s in servers for d in DOCS}
+    for _ in range(args.rounds):
+        for s in servers:
+            p = start(s, tmp, build, root, pki, args.loop)
+            try:
+                fetch = fetch_h2 if s == "orisha-h2" else fetch_h3
+                for d, path in DOCS.items():
+                    got = fetch(p.port, path, tmp)
+                    assert got == want[d], f"{s} {path}: {len(got)} bytes, not the build's"
+                    load(s, p.port, path, min(200, args.requests), 1)  # warm-up, untimed
+                    before = p.cpu()
+                    r = load(s, p.port, path, args.requests, args.clients)
+                    r["cpu_us"] = (p.cpu() - before) / max(r["done"], 1) * 1e6
+                    results[(s, d)].append(r)
+            finally:
+                p.stop()
+    return results
+
+
+def report(results: dict, servers, args) -> None:
+    med = {k: {f: statistics.median(r[f] for r in rs) for f in ("rps", "cpu_us", "client")}
+           for k, rs in results.items()}
+    print(f"\n{args.clients} clients × {args.requests:,} requests, {args.rounds} round(s), "
+          f"load average {os.getloadavg()[0]:.1f}; server on CPU 0, clients on CPU 1\n")
+    print("| doc | server | req/s | server CPU µs per request | client core busy |")
+    print("|---|---|---:|---:|---:|")
+    for d in DOCS:
+        for s in servers:
+            m = med[(s, d)]
+            print(f"| {d} | {s} | {m['rps']:,.0f} | {m['cpu_us']:,.1f} | {m['client']:.2f} |")
+    print("\n| doc | Orisha h3 / Caddy | Orisha h3 / ngtcp2 | Orisha h3 / Orisha h2 |")
+    print("|---|---:|---:|---:|")
+    for d in DOCS:
+        o = med[("orisha", d)]["cpu_us"]
+        cells = [f"{o / med[(s, d)]['cpu_us']:.1f}x" if med.get((s, d), {}).get("cpu_us") else "-"
+                 for s in ("caddy", "ngtcp2", "orisha-h2")]
+        print(f"| {d} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
     from tlsutil import make_pki
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=5)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=2000, help="per client process")
     ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--streams", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loop", default="epoll")
+    ap.add_argument("--servers", default=",".join(SERVERS))
     args = ap.parse_args()
+    servers = [s for s in args.servers.split(",") if s]
     tmp = tempfile.mkdtemp(prefix="orisha-h3-bench-")
     site, build, root = (os.path.join(tmp, n) for n in ("site", "build", "root"))
     B.make_site(site)
@@ -147,28 +219,12 @@ def main() -> None:
                    capture_output=True, cwd=ROOT)
     os.makedirs(root)
     B.export_for_nginx(build, root)
+    want = {}
+    for d, path in DOCS.items():
+        with open(os.path.join(site, path.lstrip("/")), "rb") as f:
+            want[d] = f.read()
     pki = make_pki(os.path.join(tmp, "pki"))
-    servers = ["caddy", "orisha"]
-    results: dict = {(s, d): [] for s in servers for d in DOCS}
-    for _ in range(args.rounds):
-        for s in servers:
-            p = start(s, tmp, build, root, pki, args.loop)
-            try:
-                time.sleep(1.0)  # the UDP socket follows the TCP port Proc waited for
-                for d, path in DOCS.items():
-                    load(p.port, path, 1, 1, args.streams, pki.ca)  # warm-up, untimed
-                    before = p.cpu()
-                    r = load(p.port, path, args.seconds, args.clients, args.streams, pki.ca)
-                    r["cpu_us"] = (p.cpu() - before) / max(r["done"], 1) * 1e6
-                    results[(s, d)].append(r)
-            finally:
-                p.stop()
-    print("| run | server | req/s | server CPU µs per request |\n|---|---|---:|---:|")
-    for d in DOCS:
-        for s in servers:
-            rs = results[(s, d)]
-            print(f"| h3 {d} | {s} | {statistics.median(r['rps'] for r in rs):,.0f} | "
-                  f"{statistics.median(r['cpu_us'] for r in rs):.1f} |")
+    report(measure(servers, args, tmp, build, root, pki, want), servers, args)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Where an Orisha worker's time goes under h3 load: py-spy's Python stacks, by function.
 
-Strategy: bench/h3.py's site, server (one worker on CPU 0) and load (aioquic's client,
-``--clients`` processes on CPU 1) for ``--seconds``, while py-spy samples the worker
+Strategy: bench/h3.py's site, server (one worker on CPU 0) and load (ngtcp2's client,
+``--clients`` processes of ``--requests`` on CPU 1), while py-spy samples the worker
+for ``--seconds``
 (``pip install 'orisha[profile]'``); prints the server CPU per request of that run,
 then the functions by self time and Orisha's own by inclusive time. Not part of the
 suite; a diagnostic for the h3 bench goal of issue 22 (the figures of a shared machine
 move by a third from run to run: compare shares, not microseconds).
 
-    .venv/bin/python bench/profile_h3.py [--doc /doc-1k.html] [--seconds 8]
+    .venv/bin/python bench/profile_h3.py [--doc /doc-13k.html] [--seconds 8] [--requests 1000]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--doc", default="/doc-1k.html")
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--streams", type=int, default=20)
+    ap.add_argument("--requests", type=int, default=1000, help="per client process")
     args = ap.parse_args()
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(spy):
@@ -66,13 +67,13 @@ def main() -> None:
     raw = os.path.join(tmp, "spy.txt")
     try:
         time.sleep(1.0)
-        H.load(p.port, args.doc, 1, 1, args.streams, pki.ca)  # warm-up
+        H.load("orisha", p.port, args.doc, 100, 1)  # warm-up
         rec = subprocess.Popen([spy, "record", "-p", str(worker_pid(p.p.pid)), "-d",
                                 str(int(args.seconds)), "-r", "200", "-f", "raw", "-o", raw,
                                 "--nonblocking"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         before = p.cpu()
-        r = H.load(p.port, args.doc, args.seconds, args.clients, args.streams, pki.ca)
+        r = H.load("orisha", p.port, args.doc, args.requests, args.clients)
         cpu_us = (p.cpu() - before) / max(r["done"], 1) * 1e6
         rec.wait(args.seconds + 30)
     finally:

@@ -187,7 +187,9 @@ def _limit_options(f):
               help="Serve several sites: PATH (a build or a site) for Host HOST (a,b: several "
               "names; *.example.org: every name under it). Repeat it; the first answers "
               "unknown hosts. Instead of PATH.")
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", "hosts", multiple=True, metavar="ADDRESS", help="Listen on ADDRESS "
+              "(TCP, and UDP for HTTP/3); repeat it, or a,b, for several  [default: 127.0.0.1 "
+              "and ::1]")
 @_ranged("port", help="[default: 8080; 443 with --domain]")
 @_ranged("workers", help="Worker processes [default: one per core].")
 @click.option("--loop", type=click.Choice(LOOPS[:-1]), help="Override the loop recorded in the build.")
@@ -221,11 +223,13 @@ def _limit_options(f):
               "[default: $ORISHA_STATE or ~/.local/share/orisha].")
 @click.option("--no-http3", is_flag=True, help="With TLS: no HTTP/3 on the same port over UDP.")
 @_limit_options
-def serve(path, sites, host, port, workers, loop, fallback, not_found, access_log, admin_port,
+def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_log, admin_port,
           admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
           acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     http3 = not limits.pop("no_http3")
+    from .server import LOOPBACK, hosts_of
+    host = hosts_of(hosts) if hosts else LOOPBACK  # both loopback families (::1 where it exists)
     acme_sites = bool(sites) and bool(acme_email) and not tls_cert  # each site's names
     if port is None:  # a CA validates TLS-ALPN-01 on 443 (RFC 8737 §3), HTTP-01 on 80
         port = 443 if domains or acme_sites else 8080
@@ -241,7 +245,9 @@ def serve(path, sites, host, port, workers, loop, fallback, not_found, access_lo
         raise click.UsageError("--site: a unikernel image serves one site (boot each image)")
     if loop is None and booted(path):
         from .targets.unikernel.boot import boot as run_boot  # an image is served by booting it
-        sys.exit(run_boot(path, host=host, port=port, limits=Limits(**limits)))
+        if len(host) > 1 and hosts:  # the image's forward has one address (boot's default)
+            raise click.UsageError("--host: a unikernel image is forwarded from one address")
+        sys.exit(run_boot(path, host=host[0], port=port, limits=Limits(**limits)))
     from .server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,

@@ -77,14 +77,18 @@ def _lock(port: int) -> socket.socket | None:
         time.sleep(0.005)
 
 
-def probe(family: int, addr, kind: int = socket.SOCK_STREAM) -> OSError | None:
+def probe(family: int, addr, kind: int = socket.SOCK_STREAM,
+          v6only: bool = False) -> OSError | None:
     """None when nothing listens on ``addr``; else the bind's error (EADDRINUSE).
 
     ``kind`` SOCK_DGRAM (HTTP/3's port): a bind with neither SO_REUSEPORT nor SO_REUSEADDR,
     which fails while any socket is bound there, so the workers' reuseport group cannot
-    join another server's UDP sockets (there is no TIME_WAIT to allow for)."""
+    join another server's UDP sockets (there is no TIME_WAIT to allow for). ``v6only``: as
+    the group will be bound (an IPv6-only wildcard beside 0.0.0.0 must not probe IPv4)."""
     s = socket.socket(family, kind)
     try:
+        if v6only and family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         if kind == socket.SOCK_STREAM:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(addr)

@@ -75,24 +75,61 @@ def _site_loader(sites, first, loader=load_site):
     return load
 
 
-def listeners(host: str, port: int, count: int, share: bool = True) -> list[socket.socket]:
+LOOPBACK = ("127.0.0.1", "::1")  # --host's default: both loopback families (RFC 6761 §6.3:
+# `localhost` may resolve to either, and browsers try ::1 first)
+PORT_TRIES = 8  # port 0 on several addresses: fresh ports tried when one is taken elsewhere
+
+
+class PortError(ServeError):
+    """A listener that could not be bound; ``errno`` says why (EADDRINUSE: taken)."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
+def hosts_of(host) -> tuple[str, ...]:
+    """``--host``'s addresses: one string (commas allowed: ``127.0.0.1,::1``) or several;
+    an IPv6 address may be bracketed as in a URL (``[::1]``)."""
+    items = (host,) if isinstance(host, str) else tuple(host)
+    hosts = [h.strip() for item in items for h in item.split(",")]
+    hosts = [h[1:-1] if h[:1] == "[" and h[-1:] == "]" else h for h in hosts]
+    if not hosts or not all(hosts):
+        raise ServeError(f"--host: an empty address in {', '.join(map(repr, items)) or 'nothing'}")
+    return tuple(dict.fromkeys(hosts))  # one address given twice is bound once
+
+
+def _resolve(host: str, port: int, kind: int):
+    try:
+        infos = socket.getaddrinfo(host, port, type=kind, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise PortError(f"{host}: cannot resolve ({e.strerror})", errno.EADDRNOTAVAIL) from None
+    return infos[0][0], infos[0][4]
+
+
+def _v6only(s: socket.socket, on: bool) -> None:
+    # Beside other addresses an IPv6 wildcard takes IPv6 only, so `--host 0.0.0.0 --host ::`
+    # binds both (nginx's ipv6only=on); alone, `::` stays dual-stack as the kernel makes it.
+    if on and s.family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+
+
+def listeners(host: str, port: int, count: int, share: bool = True,
+              v6only: bool = False) -> list[socket.socket]:
     """``count`` listeners on one port; ``share``: SO_REUSEPORT, so the workers of every
     generation accept from it. The admin port is not shared: a clash is an error, not a
     port whose connections the kernel deals out between two servers."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
-    family, _, _, _, addr = infos[0]
+    family, addr = _resolve(host, port, socket.SOCK_STREAM)
     with ports.Claim(port):  # held from the probe until the group listens
-        return _group(host, port, family, addr, count, share)
+        return _group(host, port, family, addr, count, share, v6only)
 
 
-def _group(host: str, port: int, family: int, addr, count: int, share: bool) -> list[socket.socket]:
+def _group(host: str, port: int, family: int, addr, count: int, share: bool,
+           v6only: bool) -> list[socket.socket]:
     """The listeners, once the probe found the port free (orisha/ports.py)."""
-    taken = ports.probe(family, addr) if port else None
+    taken = ports.probe(family, addr, v6only=v6only) if port else None
     if taken is not None:
-        raise ServeError(_taken(host, port, taken))
+        raise PortError(_taken(host, port, taken), taken.errno)
     socks = []
     try:
         for _ in range(count):
@@ -100,6 +137,7 @@ def _group(host: str, port: int, family: int, addr, count: int, share: bool) -> 
             socks.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(share))
+            _v6only(s, v6only)
             s.bind(addr)
             s.listen(BACKLOG)
             s.setblocking(False)
@@ -107,7 +145,7 @@ def _group(host: str, port: int, family: int, addr, count: int, share: bool) -> 
     except OSError as e:
         for s in socks:
             s.close()
-        raise ServeError(_taken(host, port, e)) from None
+        raise PortError(_taken(host, port, e), e.errno) from None
     return socks
 
 
@@ -118,20 +156,16 @@ def _taken(host: str, port: int, e: OSError) -> str:
     return f"{host}:{port}: port {port} is already in use" + (f" by {who}" if who else "")
 
 
-def datagram_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+def datagram_sockets(host: str, port: int, count: int, v6only: bool = False) -> list[socket.socket]:
     """``count`` UDP sockets on the TCP port's number (HTTP/3), SO_REUSEPORT: the kernel
     hashes each datagram's 4-tuple onto one of them, so one worker sees all of a
     connection's datagrams while the set of sockets stays the same."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise ServeError(f"{host}: cannot resolve ({e.strerror})") from None
-    family, _, _, _, addr = infos[0]
+    family, addr = _resolve(host, port, socket.SOCK_DGRAM)
     with ports.Claim(port):  # as the TCP port's: a held UDP port is not joined either
-        taken = ports.probe(family, addr, socket.SOCK_DGRAM)
+        taken = ports.probe(family, addr, socket.SOCK_DGRAM, v6only=v6only)
         if taken is not None:
-            raise ServeError(_taken_udp(host, port, taken))
-        return _datagram_group(host, port, family, addr, count)
+            raise PortError(_taken_udp(host, port, taken), taken.errno)
+        return _datagram_group(host, port, family, addr, count, v6only)
 
 
 def _taken_udp(host: str, port: int, e: OSError) -> str:
@@ -142,20 +176,22 @@ def _taken_udp(host: str, port: int, e: OSError) -> str:
             + " (--no-http3 serves without HTTP/3)")
 
 
-def _datagram_group(host: str, port: int, family: int, addr, count: int) -> list[socket.socket]:
+def _datagram_group(host: str, port: int, family: int, addr, count: int,
+                    v6only: bool) -> list[socket.socket]:
     socks = []
     try:
         for _ in range(count):
             s = socket.socket(family, socket.SOCK_DGRAM)
             socks.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            _v6only(s, v6only)
             s.bind(addr)
             s.setblocking(False)
     except OSError as e:
         for s in socks:
             s.close()
         what = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
-        raise ServeError(f"{host}:{port}/udp: {what} (--no-http3 serves without it)") from None
+        raise PortError(f"{host}:{port}/udp: {what} (--no-http3 serves without it)", e.errno) from None
     return socks
 
 
@@ -173,7 +209,7 @@ def _access_log(path: str):
     return write
 
 
-def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | None = None,
+def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: int | None = None,
         loop: str | None = None, limits: Limits | None = None, announce=print,
         access_log: str | None = None, admin_port: int | None = None,
         admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
@@ -182,6 +218,8 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         acme_ca: str | None = None, state: str | None = None, http3: bool = True) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
+    ``host``: one address or several (``hosts_of``); ``workers`` in all, spread over them
+    (each address at least one: the supervisor forks one worker per listener).
     SIGHUP reloads a build folder with zero downtime: a new generation of
     workers starts on the same listeners, then the old one stops gracefully.
     ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
@@ -215,7 +253,9 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
         raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     limits = limits or Limits()
-    socks, plain, udp, quic, alt_svc = _ports(host, port, http_port, workers, limits, admin,
+    hosts = _present(hosts_of(host), LOOPBACK[1:] if host is LOOPBACK else ())
+    workers = -(-workers // len(hosts))  # --workers N in all, spread over the addresses
+    socks, plain, udp, quic, alt_svc = _ports(hosts, port, http_port, workers, limits, admin,
                                               _quic_pairs(acme, certs, _seq(tls_key)) if http3
                                               else None)
     https_port = socks[0].getsockname()[1]
@@ -225,37 +265,82 @@ def run(build_dir, host: str = "127.0.0.1", port: int = 8080, workers: int | Non
                      watch=FileWatch([*_seq(tls_cert), *_seq(tls_key)]) if tls_cert else None,
                      acme=acme, udp=udp, quic=quic, alt_svc=alt_svc)
     sup.start()
-    announce(_serving_line(socks[0].getsockname(), admin, name, workers, site,
-                           "https" if tls_on else "http", plain))
-    if udp:
-        print(f"orisha: HTTP/3 on udp port {socks[0].getsockname()[1]}"
-              + (" (answered once ACME has a certificate)" if sup.quic is None else ""),
-              file=sys.stderr)
+    udp_line = "HTTP/3 on udp " + " and ".join(_addr(s.getsockname()) for s in udp[::workers])
+    announce(_serving_line(socks[::workers], admin, name, workers, site,
+                           "https" if tls_on else "http", plain[::workers], udp and udp_line))
+    if udp and sup.quic is None:
+        print(f"orisha: {udp_line} (answered once ACME has a certificate)", file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
 
 
-def _ports(host: str, port: int, http_port: int | None, workers: int, limits: Limits, admin,
-           quic_files):
-    """The serving listeners, the plain port's beside them (``http_port``), and with
+def _present(hosts: tuple, optional: tuple) -> tuple:
+    """``hosts`` without the ``optional`` ones this machine has no address for (the default's
+    ::1 where there is no IPv6): each is bound once to a throwaway port to see."""
+    out = []
+    for h in hosts:
+        if h in optional:
+            try:
+                family, addr = _resolve(h, 0, socket.SOCK_STREAM)
+                with socket.socket(family, socket.SOCK_STREAM) as s:
+                    s.bind(addr)
+            except (OSError, PortError):  # EADDRNOTAVAIL, EAFNOSUPPORT: not here
+                continue
+        out.append(h)
+    return tuple(out)
+
+
+def _ports(hosts: tuple, port: int, http_port: int | None, workers: int, limits: Limits,
+           admin, quic_files):
+    """The serving listeners of every address of ``hosts`` (``workers`` per address, one
+    port number for all), the plain port's beside them (``http_port``), and with
     ``quic_files`` (what lists the (names, certificate, key) to serve: ``_quic_pairs``)
     HTTP/3's UDP sockets, its QUIC configuration maker and Alt-Svc. Whatever was opened is
     closed (the admin socket too) if one fails."""
-    socks, plain, udp, quic, alt_svc = [], [], [], None, b""
     try:
-        socks = listeners(host, port, workers)
-        plain = listeners(host, http_port, workers) if http_port is not None else []
-        if quic_files:
-            bound = socks[0].getsockname()[1]
-            quic = _quic(quic_files, limits)
-            udp = datagram_sockets(host, bound, workers)
-            alt_svc = _advertise(bound)
+        quic = _quic(quic_files, limits) if quic_files else None
+        tries = PORT_TRIES if len(hosts) > 1 and 0 in (port, http_port) else 1
+        for attempt in range(tries):
+            try:
+                socks, plain, udp = _open(hosts, port, http_port, workers, quic is not None)
+                break
+            except PortError as e:  # port 0: the one the first address got is taken on another
+                if e.errno != errno.EADDRINUSE or attempt == tries - 1:
+                    raise
     except ServeError:
-        for s in [admin] + socks + plain:
-            if s is not None:
-                s.close()
+        if admin is not None:
+            admin.close()
         raise
+    alt_svc = _advertise(socks[0].getsockname()[1]) if quic else b""
     return socks, plain, udp, quic, alt_svc
+
+
+def _open(hosts: tuple, port: int, http_port: int | None, workers: int, datagrams: bool):
+    """(TLS or plain listeners, plain-port listeners, UDP sockets): each list ``workers``
+    per address, address by address, so worker i serves socks[i] and udp[i]."""
+    opened: list[socket.socket] = []
+    socks, plain, udp = [], [], []
+    v6only = len(hosts) > 1
+    try:
+        for h in hosts:
+            group = listeners(h, port, workers, v6only=v6only)
+            opened += group
+            socks += group
+            port = group[0].getsockname()[1]  # port 0: every address gets the first's number
+            if http_port is not None:
+                group = listeners(h, http_port, workers, v6only=v6only)
+                opened += group
+                plain += group
+                http_port = group[0].getsockname()[1]
+            if datagrams:
+                group = datagram_sockets(h, port, workers, v6only)
+                opened += group
+                udp += group
+    except ServeError:
+        for s in opened:
+            s.close()
+        raise
+    return socks, plain, udp
 
 
 def _sites_to_serve(build_dir, sites, hsts: int | None):
@@ -427,7 +512,9 @@ def _quic(pairs, limits: Limits):
     except ImportError as e:
         raise ServeError(f"HTTP/3 needs aioquic (a dependency of orisha: pip install aioquic), or --no-http3: {e}") \
             from None
-    make = lambda: h3.configurations(pairs(), limits.idle_timeout)  # noqa: E731
+    from .protocols.quic_tickets import Tickets
+    tickets = Tickets()  # before the fork: one table for every worker of every generation
+    make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets)  # noqa: E731
     make()
     return make
 
@@ -441,16 +528,24 @@ def _advertise(port: int) -> bytes:
     return b"Alt-Svc: " + value + b"\r\n"
 
 
+def _addr(addr) -> str:
+    return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
+
+
 def _url(addr, scheme: str = "http") -> str:
-    host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
-    return f"{scheme}://{host}:{addr[1]}"
+    return f"{scheme}://{_addr(addr)}"
 
 
 def _serving_line(bound, admin, name: str, workers: int, site, scheme: str = "http",
-                  plain=None) -> str:
+                  plain=(), udp: str = "") -> str:
+    """The start-up line: each TCP listener's URL (one per address: ``bound``, sockets),
+    and ``udp``, what HTTP/3 listens on."""
     extra = f", admin {_url(admin.getsockname())}{METRICS_PATH}" if admin else ""
-    line = (f"orisha: serving {_url(bound, scheme)}/ (loop {name}, {workers} "
-            f"worker{'s' if workers > 1 else ''}, pid {os.getpid()}{extra}): {site.summary}")
+    extra += f", {udp}" if udp else ""
+    urls = " and ".join(f"{_url(s.getsockname(), scheme)}/" for s in bound)
+    each = " per address" if len(bound) > 1 else ""
+    line = (f"orisha: serving {urls} (loop {name}, {workers} "
+            f"worker{'s' if workers > 1 else ''}{each}, pid {os.getpid()}{extra}): {site.summary}")
     if plain:  # the plain port beside the TLS one (--http-port)
-        line += f" (and {_url(plain[0].getsockname())}/: redirects to https)"
+        line += f" (and {' and '.join(_url(s.getsockname()) + '/' for s in plain)}: redirects to https)"
     return line

@@ -92,7 +92,10 @@ class Server:
             i = args.index("--loop") + 1
             args[i] = args[i].removesuffix("-pure")
             prelude = "import os; os.environ['ORISHA_PURE'] = '1'; "
-        return [*orisha_cmd(args, prelude), "serve", build, "--port", "0", *args]
+        # One address, IPv4 (the suite's clients connect there): worker counts and PIDs are
+        # the --workers asked for; the default's two loopback families: tests/test_hosts.py
+        host = [] if "--host" in args else ["--host", "127.0.0.1"]
+        return [*orisha_cmd(args, prelude), "serve", build, "--port", "0", *host, *args]
 
     @classmethod
     def attach(cls, proc: subprocess.Popen) -> "Server":

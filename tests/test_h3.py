@@ -107,14 +107,15 @@ def _interim(headers) -> bool:
     return any(k == b":status" and v[:1] == b"1" for k, v in headers)
 
 
-def h3_get(port: int, ca: str, requests: list, interim: list | None = None) -> list:
-    """Every (path, method, headers) of ``requests`` on one connection, concurrently. With
-    ``interim``, a list: each request's (interim responses' fields, every raw field section
-    of its stream in order) is appended to it, in request order."""
+def h3_get(port: int, ca: str, requests: list, interim: list | None = None,
+           host: str = "127.0.0.1") -> list:
+    """Every (path, method, headers) of ``requests`` on one connection to ``host``,
+    concurrently. With ``interim``, a list: each request's (interim responses' fields, every
+    raw field section of its stream in order) is appended to it, in request order."""
     async def run():
         config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
         config.load_verify_locations(ca)
-        async with connect("127.0.0.1", port, configuration=config, create_protocol=_Client,
+        async with connect(host, port, configuration=config, create_protocol=_Client,
                            wait_connected=True) as client:
             got = await asyncio.gather(*(client.request(*r) for r in requests))
             if interim is not None:

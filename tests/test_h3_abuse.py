@@ -27,6 +27,7 @@ from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted
 from aioquic.quic.packet import QuicErrorCode
 
 from conftest import TEST_LIMITS
+from orisha.protocols import h3
 from test_h3 import _children, h3_get
 from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
 
@@ -168,11 +169,11 @@ def _answers(s, pki) -> None:
 
 def test_a_stream_past_max_streams_is_stream_limit_error(server, pki):
     """RFC 9000 §4.6: a client that opens more bidirectional streams than the server's
-    MAX_STREAMS allowed (aioquic's 128) gets STREAM_LIMIT_ERROR."""
+    MAX_STREAMS allowed (h3.MAX_STREAMS) gets STREAM_LIMIT_ERROR."""
     c = _Raw(server.port, pki.ca)
     try:
         allowed = c.quic._remote_max_streams_bidi
-        assert allowed == 128
+        assert allowed == h3.MAX_STREAMS == 32
         c.quic._remote_max_streams_bidi = 1 << 20  # ignore the server's limit
         sid = 4 * allowed  # the (allowed + 1)th client stream
         c.quic.send_stream_data(sid, _headers_frame(), True)
@@ -235,7 +236,7 @@ def test_bytes_at_each_window_edge_do_not_grow_the_windows(server, pki):
     c = _Raw(server.port, pki.ca)
     try:
         sids = []
-        for _ in range(48):  # 48 MiB of gaps with aioquic's windows; well under MAX_STREAMS
+        for _ in range(h3.MAX_STREAMS - 4):  # 28 MiB of gaps with aioquic's windows
             sid = c.quic.get_next_available_stream_id()
             sids.append(sid)
             _edge(c, sid)
@@ -336,7 +337,7 @@ def test_a_settings_frame_over_the_frame_limit_is_excessive_load(server, pki):
 
 def test_streams_reset_in_a_loop_are_freed(server, pki):
     """A client that opens a request stream, starts its HEADERS and resets it, 600 times on
-    one connection: every stream is freed (MAX_STREAMS keeps granting new ones — 128 at a
+    one connection: every stream is freed (MAX_STREAMS keeps granting new ones — 32 at a
     time — which it would not if the worker kept them), the worker's memory stays put, and
     the connection then gets an answer on a request it finishes."""
     worker = _worker(server)

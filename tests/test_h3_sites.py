@@ -85,7 +85,7 @@ def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path):
     ca = pebble()
     s = acme_sites(two, ca, tmp_path / "state", "epoll", True)
     try:
-        s.wait_for("HTTP/3 on udp port %d (answered once ACME has a certificate)" % s.port)
+        s.wait_for("HTTP/3 on udp 127.0.0.1:%d (answered once ACME has a certificate)" % s.port)
         root = sites_issued(s, ca, str(tmp_path / "root.pem"))
         for site, names in ACME_SITES.items():
             for name in names:  # verified against Pebble's root and by name, by aioquic
@@ -94,5 +94,37 @@ def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path):
                 assert (got[0][0], got[0][1].get("x-site"), got[0][2]) == (200, site, _page(site))
         sans, got = h3_site(s.port, root, "a.test", [("/", "www.b.test")])
         assert got[0][0] == 421
+    finally:
+        assert s.stop() == 0
+
+
+def test_0rtt_requests_answer_from_the_tickets_site(two):
+    """A resumed connection's 0-RTT requests arrive before its handshake completes: they
+    are answered from the SNI's site too, another site's :authority gets 421, and a ticket
+    issued under one name does not resume a connection to another."""
+    s = _start("epoll", *_site_args(two), *_tls_args(two))
+    tickets = []
+
+    async def run(sni: str, ticket, requests):
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=sni,
+                                   session_ticket=ticket)
+        config.load_verify_locations(two["ca"])
+        async with connect("127.0.0.1", s.port, configuration=config, create_protocol=_Client,
+                           session_ticket_handler=tickets.append, wait_connected=False) as c:
+            got = [(await c.request(p, authority=a))[0:3:2] for p, a in requests]
+            return c._quic.tls.session_resumed, c._quic.tls.early_data_accepted, got
+    try:
+        first = asyncio.run(asyncio.wait_for(run("a.test", None, [("/", "a.test")]), 30))
+        assert first[0] is False and first[2] == [(200, _page("a"))]
+        for _ in range(100):
+            if tickets:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        again = asyncio.run(asyncio.wait_for(
+            run("a.test", tickets[-1], [("/", "b.test"), ("/", "a.test")]), 30))
+        assert again[:2] == (True, True), again
+        assert again[2][0][0] == 421 and again[2][1] == (200, _page("a")), again[2]
+        other = asyncio.run(asyncio.wait_for(run("www.b.test", tickets[0], [("/", "b.test")]), 30))
+        assert other[0] is False and other[2] == [(200, _page("b"))]
     finally:
         assert s.stop() == 0

@@ -92,11 +92,20 @@ _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unackn
 _GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
 _GSO_SEGMENTS = 64         # …and within the kernel's UDP_MAX_SEGMENTS
 RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get a Retry
+# Request streams a client may have open at once (MAX_STREAMS, RFC 9000 §4.6; aioquic's
+# default is 128). aioquic walks every open stream twice for each packet it builds (its
+# stream limits, then its send queue, in Python), so a packet costs more the more streams
+# are open: ngtcp2's client keeps as many requests in flight as it may, and a 13 KB answer
+# (ten packets) cost 1,440 µs of worker CPU at 128 streams, 1,055 at 64, 580 at 32 and 455
+# at 16 (1 KB: 140 µs at 128, 75 at 32). 32 keeps most of that gain and a page's first 32
+# requests in one flight; credit returns as streams end (MAX_STREAMS batched by half).
+MAX_STREAMS = 32
 # A stream's receive window: credit past the bytes delivered in order (``_Quic``). Requests
 # are a field section (the head limit, 8 KiB by default, bounds a useful one) and, for the
 # methods that carry one, a body that is answered without being read: 16 KiB is room for
-# either, and with at most 128 streams of each direction open (aioquic's MAX_STREAMS) it
-# bounds what a connection can make a worker hold for reassembly to 4 MiB.
+# either, and with at most ``MAX_STREAMS`` request streams (and aioquic's 128
+# unidirectional ones) open it bounds what a connection can make a worker hold for
+# reassembly to 2.5 MiB.
 WINDOW = 16 * 1024
 # A frame the HTTP/3 layer must hold whole before it can parse it (HEADERS; SETTINGS on the
 # control stream) longer than this many times the head limit: H3_EXCESSIVE_LOAD (RFC 9114
@@ -111,8 +120,10 @@ _date = [-1, b""]  # (second, QPACK date field line)
 @dataclasses.dataclass
 class ServerConfiguration(QuicConfiguration):
     """aioquic's configuration (its certificate: the first one's) and, with several
-    certificates, ``by_name``: server name → (certificate, chain, private key) or None."""
+    certificates, ``by_name``: server name → (certificate, chain, private key) or None;
+    ``tickets``: the server's session-ticket table (quic_tickets.py), or None."""
     by_name: Callable | None = None
+    tickets: object = None
 
 
 def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfiguration:
@@ -126,7 +137,7 @@ def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfigurati
     return config
 
 
-def configurations(pairs, idle_timeout: float) -> ServerConfiguration | None:
+def configurations(pairs, idle_timeout: float, tickets=None) -> ServerConfiguration | None:
     """One configuration for several certificates, SNI choosing (``tls.by_server_name``);
     ``pairs``: (DNS names, certificate file, key file) in command-line order. None for
     none (ACME before its first certificate: HTTP/3 is not answered yet)."""
@@ -134,6 +145,7 @@ def configurations(pairs, idle_timeout: float) -> ServerConfiguration | None:
     if not loaded:
         return None
     first = loaded[0][1]
+    first.tickets = tickets
     if len(loaded) > 1:
         first.by_name = by_server_name(
             [(names, (c.certificate, c.certificate_chain, c.private_key)) for names, c in loaded])
@@ -147,8 +159,14 @@ class _Quic(QuicConnection):
 
     sni: str | None = None
 
-    def __init__(self, *, steer=None, **kw) -> None:
+    def __init__(self, *, steer=None, tickets=None, **kw) -> None:
+        if tickets is not None:  # resumption and 0-RTT, on any worker (quic_tickets.py)
+            kw["session_ticket_fetcher"] = lambda label: tickets.fetch(label, self.sni)
+            kw["session_ticket_handler"] = lambda t: tickets.store(
+                dataclasses.replace(t, server_name=self.sni))
         super().__init__(**kw)
+        bidi = self._local_max_streams_bidi  # before the transport parameters are made
+        bidi.value = bidi.sent = MAX_STREAMS
         self.steer = steer
         if steer is not None:
             first = self._host_cids[0]
@@ -492,7 +510,8 @@ class Endpoint:
                 addr, 0))
             return None
         quic = _Quic(configuration=self.config, original_destination_connection_id=original,
-                     retry_source_connection_id=retried, steer=self.steer)
+                     retry_source_connection_id=retried, steer=self.steer,
+                     tickets=self.config.tickets)
         c = _Conn(quic, addr[0], next(self.seq), app)
         c.since = now
         self.handshaking += 1
@@ -507,6 +526,9 @@ class Endpoint:
     def _process(self, c: _Conn, now: float) -> None:
         """After input or a timer: handle its events, queue bodies, gather its datagrams."""
         quic, h3 = c.quic, c.h3
+        if c.handshaking and c.app is self.app and self.app.hosts is not None \
+                and getattr(quic, "tls", None) is not None and quic.tls.early_data_accepted:
+            c.app = self.app.view(quic.sni)  # 0-RTT: requests before the handshake completes
         event = quic.next_event()
         ended = False
         while event is not None:
