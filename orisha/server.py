@@ -244,19 +244,16 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
         raise ServeError("--http-port and --hsts go with TLS (--tls-cert/--tls-key or --domain)")
     site, load, build_dir, reloadable = _sites_to_serve(build_dir, sites, hsts)
     site, load = _h2_taken(site), (lambda again=load: _h2_taken(again())) if load else None
-    certs = _seq(tls_cert)
     http3 = http3 and tls_on
     name, loop_cls = _loop(loop or site.loop, http3)
-    workers = workers or os.cpu_count() or 1
     log = _access_log(access_log) if access_log else None
     if admin_port and admin_port == port:
         raise ServeError(f"--admin-port {admin_port} is the serving port too; give it another port")
     admin = listeners(admin_host, admin_port, 1, share=False)[0] if admin_port is not None else None
     limits = limits or Limits()
-    hosts = _present(hosts_of(host), LOOPBACK[1:] if host is LOOPBACK else ())
-    workers = -(-workers // len(hosts))  # --workers N in all, spread over the addresses
+    hosts, workers = _spread(host, workers)
     socks, plain, udp, quic, alt_svc = _ports(hosts, port, http_port, workers, limits, admin,
-                                              _quic_pairs(acme, certs, _seq(tls_key)) if http3
+                                              _quic_pairs(acme, _seq(tls_cert), _seq(tls_key)) if http3
                                               else None)
     https_port = socks[0].getsockname()[1]
     sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
@@ -272,6 +269,13 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
         print(f"orisha: {udp_line} (answered once ACME has a certificate)", file=sys.stderr)
     sys.stdout.flush()
     return sup.serve()
+
+
+def _spread(host, workers: int | None) -> tuple[tuple, int]:
+    """(the addresses to bind, workers per address): ``workers`` (default one per core) in
+    all, spread over the addresses, each at least one."""
+    hosts = _present(hosts_of(host), LOOPBACK[1:] if host is LOOPBACK else ())
+    return hosts, -(-(workers or os.cpu_count() or 1) // len(hosts))
 
 
 def _present(hosts: tuple, optional: tuple) -> tuple:

@@ -98,13 +98,25 @@ def test_the_default_host_serves_both_loopback_families_on_tcp_and_udp(builds, p
                                    ["--host", "[::1], 127.0.0.1"]],
                          ids=["repeated", "commas", "brackets"])
 def test_several_hosts_repeated_or_with_commas(builds, hosts):
-    s = Served(builds["notfound"], "--workers", "2", *hosts)
+    """--workers counts them all, spread over the addresses: 4 on two is 2 per address."""
+    s = Served(builds["notfound"], "--workers", "4", *hosts)
     try:
         assert [u[1] for u in s.urls] == ["[::1]", "127.0.0.1"], s.line
         assert {u[2] for u in s.urls} == {str(s.port)} and "2 workers per address" in s.line
         for host in ("127.0.0.1", "::1"):
             assert Conn(s.port, host=host).request("/").body == demo_file("index.html")
         assert len(s.workers()) == 4
+    finally:
+        assert s.stop() == 0
+
+
+def test_the_default_hosts_share_the_workers_asked_for(builds):
+    """Both loopback families by default, and --workers 2 is two processes, not two each:
+    one core's worth per process, as with one address."""
+    s = Served(builds["notfound"], "--workers", "2")
+    try:
+        assert "1 worker per address" in s.line, s.line
+        assert len(s.workers()) == 2
     finally:
         assert s.stop() == 0
 
