@@ -116,8 +116,10 @@ int main(void)
     net_init(); /* starts DHCP */
     int tls = http_init(site, site_len);
     wait_for_address(); /* net.c logs the address */
-    platform_printf("orisha: serving http on port 80%s, site %zu bytes, boot %u ms\n",
-                    tls ? " and https on port 443" : "", site_len, platform_now_ms());
+    uint32_t slots, table = http_table(&slots);
+    platform_printf("orisha: serving http on port 80%s, site %zu bytes, table %u of %u slots, "
+                    "boot %u ms\n", tls ? " and https on port 443" : "", site_len, table, slots,
+                    platform_now_ms());
     if (platform_cmdline_has("orisha.exit=ready"))
         return 0; /* boot-time measurements */
     serve();

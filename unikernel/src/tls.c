@@ -4,9 +4,10 @@
  * clocks and lwIP, and nothing more.
  *
  * - Memory: mbedTLS allocates and frees per session, which the kernel's bump
- *   arena cannot do, so its own first-fit heap (memory_buffer_alloc) runs over
- *   a fixed bss region. A session costs about 40 KB (two 16 KiB record
- *   buffers); when the heap is full a new connection is reset.
+ *   allocators cannot do, so its own first-fit heap (memory_buffer_alloc) runs
+ *   over a region of the guest's RAM that http.c sizes from the memory it has
+ *   (TLS_SLOT a connection it admits). A session costs about 40 KB (two 16 KiB
+ *   record buffers); when the heap is full a new connection waits (http.c).
  * - Entropy: PSA's CTR_DRBG, which every key share, nonce and signature draws
  *   from, is seeded (and reseeded) from an entropy context holding a strong
  *   source for each generator the machine has: RDSEED/RDRAND
@@ -39,7 +40,6 @@
 #include "virtio_rng.h"
 #include "tls.h"
 
-#define HEAP_SIZE (5u * 1024 * 1024)
 #define PLAIN_MAX 2048           /* plaintext read ahead of the core per record read */
 #define RECORD_OVERHEAD 64       /* header, type byte, tag (22 in TLS 1.3), with room */
 
@@ -53,11 +53,11 @@ struct tls {
     struct pbuf **in;            /* the connection's ciphertext queue */
     const uint8_t *eof;          /* the peer's FIN */
     size_t pending;              /* plaintext bytes of a record mbedTLS holds (WANT_WRITE) */
+    uint64_t hs_ns;              /* the guest's time in this handshake's steps so far */
     uint16_t plain_off, plain_len;
     uint8_t plain[PLAIN_MAX];
 };
 
-static unsigned char heap[HEAP_SIZE] __attribute__((aligned(64)));
 static mbedtls_ssl_config conf;
 static mbedtls_x509_crt chain;
 static mbedtls_pk_context key;
@@ -125,15 +125,21 @@ static void fail(const char *what, int ret)
     PANIC("tls: %s: mbedTLS error -0x%04x", what, (unsigned)-ret);
 }
 
-int tls_init(void)
+int tls_built(void)
 {
+    return 1;
+}
+
+int tls_init(size_t heap_bytes)
+{
+    unsigned char *heap = platform_ram_alloc(heap_bytes, 64);
     unsigned char probe[8];
     have_cpu = platform_entropy(probe, sizeof probe) == 0;
     have_virtio = virtio_rng_read(probe, sizeof probe) == 0;
     if (!have_cpu && !have_virtio)
         PANIC("tls: no entropy source (no RDSEED/RDRAND in the CPU, no virtio-rng device): "
               "refusing to serve TLS");
-    mbedtls_memory_buffer_alloc_init(heap, sizeof heap);
+    mbedtls_memory_buffer_alloc_init(heap, heap_bytes);
     psa_status_t st = mbedtls_psa_crypto_configure_entropy_sources(entropy_init, mbedtls_entropy_free);
     if (st == PSA_SUCCESS)
         st = psa_crypto_init();
@@ -161,7 +167,7 @@ int tls_init(void)
     if (platform_verbose())
         platform_printf("orisha: tls: %s key, %u-byte chain, heap %u KiB\n",
                         mbedtls_pk_get_name(&key), (unsigned)(tls_cert_pem_end - tls_cert_pem),
-                        HEAP_SIZE / 1024);
+                        (unsigned)(heap_bytes / 1024));
     return 1;
 }
 
@@ -230,6 +236,11 @@ void tls_free(struct tls *t)
     mbedtls_free(t);
 }
 
+int tls_replied(const struct tls *t)
+{
+    return t->ssl.MBEDTLS_PRIVATE(state) > MBEDTLS_SSL_CLIENT_HELLO;
+}
+
 int tls_handshaking(const struct tls *t)
 {
     return !mbedtls_ssl_is_handshake_over((mbedtls_ssl_context *)&t->ssl);
@@ -241,15 +252,66 @@ static int waiting(int ret)
     return ret == MBEDTLS_ERR_SSL_WANT_READ || ret == MBEDTLS_ERR_SSL_WANT_WRITE;
 }
 
+/*
+ * What handshakes cost the guest (the stats line): each finished handshake's
+ * time in mbedTLS's steps (its own work, the copies into lwIP included, never
+ * the waits for the peer), the last HS_SAMPLES of them, and the total per
+ * handshake state over all of them (which step the time goes to).
+ */
+#define HS_SAMPLES 512
+#define HS_STATES 32
+static uint32_t hs_us[HS_SAMPLES];
+static uint64_t hs_count, hs_state_ns[HS_STATES];
+
+static void hs_record(uint64_t ns)
+{
+    hs_us[hs_count++ % HS_SAMPLES] = (uint32_t)(ns / 1000);
+}
+
+void tls_log_stats(void)
+{
+    static uint32_t v[HS_SAMPLES];
+    uint32_t n = hs_count < HS_SAMPLES ? (uint32_t)hs_count : HS_SAMPLES;
+    if (!n)
+        return;
+    memcpy(v, hs_us, n * sizeof *v);
+    for (uint32_t i = 1; i < n; i++) { /* insertion sort: at most 512, only at a stats line */
+        uint32_t x = v[i], j = i;
+        for (; j && v[j - 1] > x; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
+    platform_printf("orisha: tls handshakes %lu median_us %u p90_us %u min_us %u steps_us",
+                    (unsigned long)hs_count, v[n / 2], v[n * 9 / 10], v[0]);
+    for (int st = 0; st < HS_STATES; st++)
+        if (hs_state_ns[st] / hs_count >= 10000) /* steps of 10 us or more, per handshake */
+            platform_printf(" %d:%lu", st, (unsigned long)(hs_state_ns[st] / hs_count / 1000));
+    platform_printf("\n");
+}
+
 /* Drive the handshake: 1 done, 0 waiting, TLS_CLOSED/TLS_FAILED. A failed one has
- * sent its alert (mbedTLS does) and the connection closes. */
+ * sent its alert (mbedTLS does) and the connection closes. mbedtls_ssl_handshake's
+ * own loop, step by step, timed (see hs_record). */
 int tls_handshake(struct tls *t)
 {
     if (mbedtls_ssl_is_handshake_over(&t->ssl))
         return 1;
-    int ret = mbedtls_ssl_handshake(&t->ssl);
-    if (ret == 0)
+    int ret = 0;
+    while (!mbedtls_ssl_is_handshake_over(&t->ssl)) {
+        int st = t->ssl.MBEDTLS_PRIVATE(state);
+        uint64_t t0 = platform_now_ns();
+        ret = mbedtls_ssl_handshake_step(&t->ssl);
+        uint64_t dt = platform_now_ns() - t0;
+        t->hs_ns += dt;
+        if (st >= 0 && st < HS_STATES)
+            hs_state_ns[st] += dt;
+        if (ret != 0)
+            break;
+    }
+    if (ret == 0) {
+        hs_record(t->hs_ns);
         return 1;
+    }
     if (waiting(ret))
         return 0;
     if (ret == MBEDTLS_ERR_SSL_CONN_EOF)
