@@ -19,6 +19,7 @@
 #include "http.h"
 #include "io.h"
 #include "virtio_rng.h"
+#include "tls.h"
 
 #define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
 #define STATS_MS 10000       /* orisha.verbose: net counters this often */
@@ -26,10 +27,11 @@
 
 enum command { NONE, STOP, EXIT };
 
-/* One pass of the loop: the network, and the RTC edge the wall clock waits for. */
+/* One pass of the loop: the network, and the RTC edge the wall clock waits for;
+ * when the network had nothing, a key for a later TLS handshake (tls.h). */
 static void step(void)
 {
-    if (!net_poll())
+    if (!net_poll() && !tls_prepare())
         cpu_relax();
     platform_wallclock_poll();
 }

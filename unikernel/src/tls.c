@@ -118,6 +118,115 @@ mbedtls_ms_time_t mbedtls_ms_time(void)
     return (mbedtls_ms_time_t)(platform_now_ns() / 1000000u);
 }
 
+/*
+ * Ephemeral ECDHE keys made while the loop is idle. A handshake's key share is
+ * a fresh key pair (psa_generate_key in mbedTLS's TLS code: a whole scalar
+ * multiplication, a third of the guest's handshake with X25519) which mbedTLS
+ * uses once and destroys. The link wraps that call (the Makefile's
+ * --wrap=psa_generate_key): a request for an ECDH key of a pooled group takes a
+ * key made earlier, the same way from the same DRBG, each used once, so
+ * forward secrecy is what it was; an empty pool (a sustained burst) makes one
+ * then and there, as before.
+ */
+#define KEY_POOL 8
+#define PUB_MAX 65               /* an uncompressed P-256 point; X25519's is 32 bytes */
+struct pooled_key {
+    mbedtls_svc_key_id_t id;
+    uint8_t pub_len;
+    uint8_t pub[PUB_MAX];
+};
+struct key_pool {
+    psa_key_type_t type;
+    size_t bits;
+    int n;
+    struct pooled_key key[KEY_POOL];
+};
+static struct key_pool pools[] = {
+    { PSA_KEY_TYPE_ECC_KEY_PAIR(PSA_ECC_FAMILY_MONTGOMERY), 255, 0, { { 0 } } },
+    { PSA_KEY_TYPE_ECC_KEY_PAIR(PSA_ECC_FAMILY_SECP_R1), 256, 0, { { 0 } } },
+};
+/* The key last handed out, until mbedTLS exports its public half (the very next
+ * PSA call it makes): PSA keeps only the private scalar, and would multiply again. */
+static struct pooled_key issued;
+static int pools_on;             /* PSA is up (tls_init) */
+static uint64_t keys_pooled;     /* key shares that came from a pool */
+
+psa_status_t __real_psa_generate_key(const psa_key_attributes_t *a, mbedtls_svc_key_id_t *key);
+psa_status_t __wrap_psa_generate_key(const psa_key_attributes_t *a, mbedtls_svc_key_id_t *key);
+psa_status_t __real_psa_export_public_key(mbedtls_svc_key_id_t key, uint8_t *data, size_t size,
+                                          size_t *len);
+psa_status_t __wrap_psa_export_public_key(mbedtls_svc_key_id_t key, uint8_t *data, size_t size,
+                                          size_t *len);
+
+static void ecdh_attributes(psa_key_attributes_t *a, const struct key_pool *p)
+{
+    *a = psa_key_attributes_init();
+    psa_set_key_usage_flags(a, PSA_KEY_USAGE_DERIVE);
+    psa_set_key_algorithm(a, PSA_ALG_ECDH);
+    psa_set_key_type(a, p->type);
+    psa_set_key_bits(a, p->bits);
+}
+
+psa_status_t __wrap_psa_generate_key(const psa_key_attributes_t *a, mbedtls_svc_key_id_t *key)
+{
+    for (size_t i = 0; i < sizeof pools / sizeof *pools; i++) {
+        struct key_pool *p = &pools[i];
+        psa_key_attributes_t want;
+        ecdh_attributes(&want, p);
+        if (p->n && psa_get_key_type(a) == p->type && psa_get_key_bits(a) == p->bits &&
+            psa_get_key_usage_flags(a) == psa_get_key_usage_flags(&want) &&
+            psa_get_key_algorithm(a) == PSA_ALG_ECDH &&
+            psa_get_key_lifetime(a) == PSA_KEY_LIFETIME_VOLATILE) {
+            struct pooled_key *k = &p->key[--p->n];
+            *key = k->id;
+            keys_pooled++;
+            issued = *k;
+            return PSA_SUCCESS;
+        }
+    }
+    issued.pub_len = 0;
+    return __real_psa_generate_key(a, key);
+}
+
+psa_status_t __wrap_psa_export_public_key(mbedtls_svc_key_id_t key, uint8_t *data, size_t size,
+                                          size_t *len)
+{
+    struct pooled_key *k = &issued;
+    if (k->pub_len && mbedtls_svc_key_id_equal(k->id, key) && size >= k->pub_len) {
+        memcpy(data, k->pub, k->pub_len);
+        *len = k->pub_len;
+        k->pub_len = 0; /* once: the id is reused after mbedTLS destroys the key */
+        return PSA_SUCCESS;
+    }
+    k->pub_len = 0;
+    return __real_psa_export_public_key(key, data, size, len);
+}
+
+int tls_prepare(void)
+{
+    if (!pools_on)
+        return 0;
+    for (size_t i = 0; i < sizeof pools / sizeof *pools; i++) {
+        struct key_pool *p = &pools[i];
+        if (p->n == KEY_POOL)
+            continue;
+        psa_key_attributes_t a;
+        ecdh_attributes(&a, p);
+        struct pooled_key *k = &p->key[p->n];
+        size_t len;
+        if (__real_psa_generate_key(&a, &k->id) != PSA_SUCCESS)
+            return 0; /* no entropy or memory now: the handshakes make their own */
+        if (__real_psa_export_public_key(k->id, k->pub, sizeof k->pub, &len) != PSA_SUCCESS) {
+            psa_destroy_key(k->id);
+            return 0;
+        }
+        k->pub_len = (uint8_t)len;
+        p->n++;
+        return 1;
+    }
+    return 0;
+}
+
 /* Codes only: MBEDTLS_ERROR_C's message table would cost more than the rest of
  * this file; `programs/util/strerror` in the mbedTLS sources reads them. */
 static void fail(const char *what, int ret)
@@ -164,6 +273,7 @@ int tls_init(size_t heap_bytes)
         fail("certificate and key", ret);
     if ((ret = mbedtls_ssl_conf_alpn_protocols(&conf, alpn)) != 0)
         fail("alpn", ret);
+    pools_on = 1;
     if (platform_verbose())
         platform_printf("orisha: tls: %s key, %u-byte chain, heap %u KiB\n",
                         mbedtls_pk_get_name(&key), (unsigned)(tls_cert_pem_end - tls_cert_pem),
@@ -281,8 +391,9 @@ void tls_log_stats(void)
             v[j] = v[j - 1];
         v[j] = x;
     }
-    platform_printf("orisha: tls handshakes %lu median_us %u p90_us %u min_us %u steps_us",
-                    (unsigned long)hs_count, v[n / 2], v[n * 9 / 10], v[0]);
+    platform_printf("orisha: tls handshakes %lu pooled_keys %lu median_us %u p90_us %u min_us %u "
+                    "steps_us", (unsigned long)hs_count, (unsigned long)keys_pooled, v[n / 2],
+                    v[n * 9 / 10], v[0]);
     for (int st = 0; st < HS_STATES; st++)
         if (hs_state_ns[st] / hs_count >= 10000) /* steps of 10 us or more, per handshake */
             platform_printf(" %d:%lu", st, (unsigned long)(hs_state_ns[st] / hs_count / 1000));

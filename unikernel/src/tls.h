@@ -52,6 +52,9 @@ void tls_close_notify(struct tls *t);
 int tls_handshaking(const struct tls *t);
 /* The handshake got past the ClientHello: our flight is out, the client's turn. */
 int tls_replied(const struct tls *t);
+/* Work for an idle loop: makes one ephemeral ECDHE key for a later handshake
+ * if a pool is short (tls.c); 1 if it did. */
+int tls_prepare(void);
 /* A stats line of what handshakes cost the guest (median, per step), if any finished. */
 void tls_log_stats(void);
 /* Drive the handshake: 1 done, 0 waiting for lwIP, TLS_CLOSED or TLS_FAILED. */

@@ -49,6 +49,11 @@ void tls_log_stats(void)
 {
 }
 
+int tls_prepare(void)
+{
+    return 0;
+}
+
 int tls_replied(const struct tls *t)
 {
     (void)t;
