@@ -292,7 +292,7 @@ def test_a_flood_over_a_busy_table_gets_503_not_silence(built, pki):
     refused, and once the busy ones are gone the table admits again. Its own boot
     with a send timeout of a minute, so that no busy one ends while the flood
     runs (QEMU's socket to each absorbs a few MB first: on a loaded machine
-    filling 128 of them takes seconds)."""
+    filling the table (256 at the default memory) takes seconds)."""
     head, body = ERRORS[503]
     assert b"Retry-After: 1\r\n" in head
     vm = Vm(built, send_timeout=60)
