@@ -230,6 +230,33 @@ def test_stalled_heads_do_not_keep_a_client_out(vm, pki, scheme):
             _reset(s)
 
 
+def test_waiting_connections_cannot_fill_the_heap(vm, pki):
+    """The table full of stalled half ClientHellos, then 600 more connections that wait
+    for it while each sends 16 KB of a record that never completes (9.6 MB: more than
+    lwIP's 8 MiB heap, six times what the waiting may hold together, WAIT_INPUT_ALL):
+    those past the bound are reset
+    (``overflowed``), a normal client is still served before half the head timeout, and
+    lwIP's heap never fails (test_memory_stayed_bounded reads every stats line)."""
+    half = b"\x16\x03\x01\x02\x00\x01\x00"
+    flood = b"\x16\x03\x01\x40\x00" + bytes(16000)  # claims 16 KiB: never whole
+    held = []
+    try:
+        for _ in range(vm.table()):
+            s = socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT)
+            s.sendall(half)
+            held.append(s)
+        for _ in range(600):
+            s = socket.create_connection(("127.0.0.1", vm.port), timeout=WAIT)
+            s.sendall(flood)
+            held.append(s)
+        vm.wait_stats(lambda st: st["overflowed"] > 0, "a waiting connection reset at the bound")
+        took = _served(lambda: _tls(vm, pki), "behind the flood")
+        assert took < HEAD_TIMEOUT / 2, f"waited {took:.1f} s"
+    finally:
+        for s in held:
+            _reset(s)
+
+
 def _stop_reading(s: socket.socket) -> None:
     """Pipeline 8 downloads of the 5 MB file, read the first response's status
     line (the connection is served), then never read again."""

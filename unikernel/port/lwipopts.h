@@ -18,13 +18,14 @@
 /*
  * The heap's budget (http.c keeps each part bounded; see "Memory" in
  * unikernel/README.md): input held for the core, at most a receive window per
- * connection (ORISHA_CONN_TABLE x TCP_WND, 2 MiB, plus frame overhead); TLS
+ * served connection (ORISHA_CONN_TABLE x TCP_WND, 4 MiB, plus frame overhead);
+ * input of the connections waiting for the table (WAIT_INPUT_ALL, 1.5 MiB); TLS
  * records queued for sending (TLS_QUEUE_ALL in http.c, 1.5 MiB); segment
  * headers of queued data (~100 bytes each); the rest for frames in flight.
  * Touched lazily: it costs guest RAM only as far as it is used.
  */
 #ifndef MEM_SIZE /* overridable (EXTRA_CFLAGS) for starvation tests */
-#define MEM_SIZE                    (5 * 1024 * 1024)
+#define MEM_SIZE                    (8 * 1024 * 1024)
 #endif
 /*
  * Every memp element is linked at lwip_init(), touching all pool pages; under

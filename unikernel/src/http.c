@@ -61,6 +61,11 @@
  * client (and nothing of ours has been acknowledged) for this long: a client
  * in its handshake, or between two requests, is never cut off. */
 #define STALE_MS 2000
+/* Input the waiting connections may hold in lwIP's heap, all together (see
+ * MEM_SIZE in lwipopts.h): 1,024 ClientHellos of 1.5 KB. Each may hold a receive
+ * window (16 KiB), and 1,024 of them would hold twice the heap; past this the
+ * one that sends is reset. */
+#define WAIT_INPUT_ALL (1536u * 1024)
 #define STATS_MS 1000            /* the stats line: at most this often, when something changed */
 #define POLL_INTERVAL 1          /* x 500 ms (lwIP's slow timer) */
 #define MAX_WRITE 0xf000u        /* tcp_write takes a u16 length */
@@ -166,7 +171,8 @@ enum {
     CLASS_KEEP = 5,              /* waiting for the table, or waited on its client briefly: kept */
     CLASS_BUSY = TCP_PRIO_MAX,   /* writing a response: never displaced */
 };
-static uint64_t queued, displaced, refused, killed, send_timeouts, syn_dropped, waited_max;
+static uint64_t queued, displaced, refused, killed, send_timeouts, syn_dropped, waited_max,
+    overflowed;
 
 static struct hconn *conns;      /* nslots of them, from the guest's RAM */
 static uint32_t nslots, table;
@@ -842,6 +848,14 @@ static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
         h->in = p;
     }
     if (h->waiting) {
+        uint32_t held = 0;
+        for (uint32_t i = 0; i < nslots; i++)
+            if (conns[i].used && conns[i].waiting && conns[i].in)
+                held += conns[i].in->tot_len;
+        if (held > WAIT_INPUT_ALL) {
+            overflowed++;
+            return abort_conn(h);
+        }
         if (ready(h))
             schedule_admissions();
         return ERR_OK;
@@ -1087,11 +1101,13 @@ static void log_stats(void)
     const struct stats_mem *pb = lwip_stats.memp[MEMP_PBUF], *sg = lwip_stats.memp[MEMP_TCP_SEG];
     const struct stats_mem *pc = lwip_stats.memp[MEMP_TCP_PCB];
     platform_printf("orisha: stats open %u waiting %u queued %lu waited_ms %lu syn_dropped %lu "
+                    "overflowed %lu "
                     "displaced %lu refused %lu killed %lu send_timeouts %lu "
                     "heap_used %lu heap_peak %lu heap_size %lu heap_failed %lu "
                     "pbufs_peak %u pbufs %u segs_peak %u segs %u pcbs_peak %u pcbs %u\n",
                     open_conns, waiting_conns, (unsigned long)queued, (unsigned long)waited_max,
-                    (unsigned long)syn_dropped, (unsigned long)displaced, (unsigned long)refused,
+                    (unsigned long)syn_dropped, (unsigned long)overflowed,
+                    (unsigned long)displaced, (unsigned long)refused,
                     (unsigned long)killed, (unsigned long)send_timeouts,
                     (unsigned long)lwip_stats.mem.used,
                     (unsigned long)lwip_stats.mem.max, (unsigned long)lwip_stats.mem.avail,
@@ -1105,7 +1121,7 @@ static void stats_tick(void *arg)
 {
     static uint64_t last, ticks;
     (void)arg;
-    uint64_t sum = queued + syn_dropped + displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
+    uint64_t sum = queued + syn_dropped + overflowed + displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
                    lwip_stats.memp[MEMP_PBUF]->err + lwip_stats.memp[MEMP_TCP_SEG]->err;
     if (sum != last || (platform_verbose() && ++ticks % 10 == 0))
         log_stats();
