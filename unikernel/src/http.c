@@ -172,7 +172,7 @@ enum {
     CLASS_BUSY = TCP_PRIO_MAX,   /* writing a response: never displaced */
 };
 static uint64_t queued, displaced, refused, killed, send_timeouts, syn_dropped, waited_max,
-    overflowed;
+    overflowed, head_timeouts;
 
 static struct hconn *conns;      /* nslots of them, from the guest's RAM */
 static uint32_t nslots, table;
@@ -575,11 +575,23 @@ static int klass(const struct hconn *h)
  * that has heard nothing from it for STALE_MS: it may give way. A TLS handshake
  * we have answered never does (only its timeout ends it): a reset mid-handshake
  * would fail a client that is merely slow to compute its side. */
+static uint64_t idle_at;         /* ms: the loop last found no frame waiting (http_idle) */
+
 static int stale(const struct hconn *h, int k, uint64_t now)
 {
     if (h->tls && !h->started && tls_replied(h->tls))
         return 0;
-    return (k == CLASS_HEAD || k == CLASS_IDLE) && now - h->active > STALE_MS;
+    /* The silence must be the client's: STALE_MS after its last frame the loop
+     * had drained every frame and found none of it. While the kernel itself is
+     * behind (a burst of handshakes, a slow TCG guest), frames wait in the ring
+     * and nobody is stale. */
+    return (k == CLASS_HEAD || k == CLASS_IDLE) && now - h->active > STALE_MS &&
+           idle_at > h->active + STALE_MS;
+}
+
+void http_idle(void)
+{
+    idle_at = now_ms();
 }
 
 /* Its lwIP priority: lwIP aborts the lowest below the listeners' at a full PCB
@@ -896,15 +908,19 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
         /* One whose first message is not whole waits as long as a head may take,
          * then closes unanswered, as a head that never came; one that has asked
          * waits for its turn (ours to give: the table drains in order). */
-        if (!ready(h) && now_ms() - h->arrived > core_limits.head_timeout)
+        if (!ready(h) && now_ms() - h->arrived > core_limits.head_timeout) {
+            head_timeouts++;
             return close_conn(h);
+        }
         schedule_admissions(); /* a connection may have gone stale meanwhile */
         tcp_setprio(pcb, CLASS_KEEP);
         return ERR_OK;
     }
     if (h->tls && tls_handshaking(h->tls) &&
-        now_ms() - h->accepted > core_limits.head_timeout)
+        now_ms() - h->accepted > core_limits.head_timeout) {
+        head_timeouts++;
         return close_conn(h); /* a slow or silent handshake */
+    }
     if (h->h2) {
         if (h2_tick(h->h2, now_ms(), pcb->unsent || pcb->unacked)) {
             send_timeouts++;
@@ -1101,12 +1117,13 @@ static void log_stats(void)
     const struct stats_mem *pb = lwip_stats.memp[MEMP_PBUF], *sg = lwip_stats.memp[MEMP_TCP_SEG];
     const struct stats_mem *pc = lwip_stats.memp[MEMP_TCP_PCB];
     platform_printf("orisha: stats open %u waiting %u queued %lu waited_ms %lu syn_dropped %lu "
-                    "overflowed %lu "
+                    "overflowed %lu head_timeouts %lu "
                     "displaced %lu refused %lu killed %lu send_timeouts %lu "
                     "heap_used %lu heap_peak %lu heap_size %lu heap_failed %lu "
                     "pbufs_peak %u pbufs %u segs_peak %u segs %u pcbs_peak %u pcbs %u\n",
                     open_conns, waiting_conns, (unsigned long)queued, (unsigned long)waited_max,
                     (unsigned long)syn_dropped, (unsigned long)overflowed,
+                    (unsigned long)head_timeouts,
                     (unsigned long)displaced, (unsigned long)refused,
                     (unsigned long)killed, (unsigned long)send_timeouts,
                     (unsigned long)lwip_stats.mem.used,
@@ -1121,7 +1138,7 @@ static void stats_tick(void *arg)
 {
     static uint64_t last, ticks;
     (void)arg;
-    uint64_t sum = queued + syn_dropped + overflowed + displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
+    uint64_t sum = queued + syn_dropped + overflowed + head_timeouts + displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
                    lwip_stats.memp[MEMP_PBUF]->err + lwip_stats.memp[MEMP_TCP_SEG]->err;
     if (sum != last || (platform_verbose() && ++ticks % 10 == 0))
         log_stats();

@@ -28,11 +28,15 @@
 enum command { NONE, STOP, EXIT };
 
 /* One pass of the loop: the network, and the RTC edge the wall clock waits for;
- * when the network had nothing, a key for a later TLS handshake (tls.h). */
+ * when the network had nothing, http.c hears the kernel is not behind, and a key
+ * for a later TLS handshake is made (tls.h). */
 static void step(void)
 {
-    if (!net_poll() && !tls_prepare())
-        cpu_relax();
+    if (!net_poll()) {
+        http_idle();
+        if (!tls_prepare())
+            cpu_relax();
+    }
     platform_wallclock_poll();
 }
 
