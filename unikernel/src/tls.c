@@ -370,6 +370,7 @@ static int waiting(int ret)
  */
 #define HS_SAMPLES 512
 #define HS_STATES 32
+#define HS_SHOWN_NS (10 * 1000) /* steps of 10 us or more a handshake are shown */
 static uint32_t hs_us[HS_SAMPLES];
 static uint64_t hs_count, hs_state_ns[HS_STATES];
 
@@ -395,7 +396,7 @@ void tls_log_stats(void)
                     "steps_us", (unsigned long)hs_count, (unsigned long)keys_pooled, v[n / 2],
                     v[n * 9 / 10], v[0]);
     for (int st = 0; st < HS_STATES; st++)
-        if (hs_state_ns[st] / hs_count >= 10000) /* steps of 10 us or more, per handshake */
+        if (hs_state_ns[st] / hs_count >= HS_SHOWN_NS)
             platform_printf(" %d:%lu", st, (unsigned long)(hs_state_ns[st] / hs_count / 1000));
     platform_printf("\n");
 }
