@@ -905,10 +905,12 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
         return ERR_OK;
     }
     if (h->waiting) {
-        /* One whose first message is not whole waits as long as a head may take,
-         * then closes unanswered, as a head that never came; one that has asked
-         * waits for its turn (ours to give: the table drains in order). */
-        if (!ready(h) && now_ms() - h->arrived > core_limits.head_timeout) {
+        /* One whose first message is not whole waits as long as a head may take
+         * (and the loop has drained every frame since: not while the kernel is
+         * behind), then closes unanswered, as a head that never came; one that
+         * has asked waits for its turn (ours to give: the table drains in order). */
+        if (!ready(h) && now_ms() - h->arrived > core_limits.head_timeout &&
+            idle_at > h->arrived + core_limits.head_timeout) {
             head_timeouts++;
             return close_conn(h);
         }
