@@ -12,5 +12,7 @@ u32_t net_tcp_isn(const ip_addr_t *local_ip, u16_t local_port,
 struct pbuf;
 struct netif;
 int net_ip4_input(struct pbuf *p, struct netif *inp);
+/* A SYN while every connection slot is taken: dropped (http.c; the peer retries). */
+int http_ip4_input(struct pbuf *p, struct netif *inp);
 
 #endif

@@ -18,13 +18,14 @@
 /*
  * The heap's budget (http.c keeps each part bounded; see "Memory" in
  * unikernel/README.md): input held for the core, at most a receive window per
- * connection (ORISHA_CONN_TABLE x TCP_WND, 2 MiB, plus frame overhead); TLS
+ * served connection (ORISHA_CONN_TABLE x TCP_WND, 4 MiB, plus frame overhead);
+ * input of the connections waiting for the table (WAIT_INPUT_ALL, 1.5 MiB); TLS
  * records queued for sending (TLS_QUEUE_ALL in http.c, 1.5 MiB); segment
  * headers of queued data (~100 bytes each); the rest for frames in flight.
  * Touched lazily: it costs guest RAM only as far as it is used.
  */
 #ifndef MEM_SIZE /* overridable (EXTRA_CFLAGS) for starvation tests */
-#define MEM_SIZE                    (5 * 1024 * 1024)
+#define MEM_SIZE                    (8 * 1024 * 1024)
 #endif
 /*
  * Every memp element is linked at lwip_init(), touching all pool pages; under
@@ -32,22 +33,24 @@
  * (received frames, copied TCP data) comes from the heap, touched lazily.
  */
 #ifndef MEMP_NUM_PBUF
-#define MEMP_NUM_PBUF               4096   /* PBUF_ROM/REF: zero-copy body segments */
+#define MEMP_NUM_PBUF               8192   /* PBUF_ROM/REF: zero-copy body segments */
 #endif
 /*
- * The connection table (http.c): ORISHA_CONN_TABLE connections are served at
- * once; lwIP's PCB pool holds ORISHA_CONN_RESERVE more, for handshakes in
- * progress (SYN_RCVD), 503s to connections that cannot be admitted, lingering
- * closes and TIME_WAIT. A full table displaces a connection that is waiting
- * for a head, or idle (http.c admit); the reserve is what lets a connection
- * beyond the table be answered (503) instead of dropped at its SYN.
+ * The connection table (http.c), sized at boot from the guest's RAM up to these
+ * bounds: up to ORISHA_CONN_TABLE connections are served at once (each with a
+ * TLS session when the port is TLS), up to ORISHA_CONN_SLOTS are held (the rest
+ * wait for the table, unread: the accept backlog, or get a 503), and lwIP's PCB
+ * pool has ORISHA_CONN_RESERVE more for closes in progress and TIME_WAIT. A
+ * full table displaces a connection only once it has waited on its client for
+ * a while (http.c admit); a SYN beyond the slots is dropped (the peer retries).
  */
-#define ORISHA_CONN_TABLE           128
+#define ORISHA_CONN_TABLE           256
+#define ORISHA_CONN_SLOTS           1024
 #define ORISHA_CONN_RESERVE         64
-#define MEMP_NUM_TCP_PCB            (ORISHA_CONN_TABLE + ORISHA_CONN_RESERVE)
+#define MEMP_NUM_TCP_PCB            (ORISHA_CONN_SLOTS + ORISHA_CONN_RESERVE)
 #define MEMP_NUM_TCP_PCB_LISTEN     4
 #ifndef MEMP_NUM_TCP_SEG
-#define MEMP_NUM_TCP_SEG            4096   /* send queues: a floor per connection, the rest shared (http.c) */
+#define MEMP_NUM_TCP_SEG            8192   /* send queues: a floor per connection, the rest shared (http.c) */
 #endif
 #define MEMP_NUM_UDP_PCB            4
 #define MEMP_NUM_ARP_QUEUE          64
@@ -102,7 +105,7 @@
  * net.c answers with a keyed hash of the 4-tuple plus a 4 us clock. */
 #define LWIP_HOOK_FILENAME          "lwiphooks.h"
 #define LWIP_HOOK_TCP_ISN           net_tcp_isn
-#define LWIP_HOOK_IP4_INPUT         net_ip4_input
+#define LWIP_HOOK_IP4_INPUT(p, inp) (net_ip4_input(p, inp) || http_ip4_input(p, inp))
 
 /* Checksums in software (no offload negotiated with virtio-net yet). */
 #define CHECKSUM_GEN_IP             1
@@ -126,7 +129,7 @@
 #define MEMP_STATS                  1
 #define SYS_STATS                   0
 /* lwIP's own timers and http.c's stats tick. */
-#define MEMP_NUM_SYS_TIMEOUT        (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 1)
+#define MEMP_NUM_SYS_TIMEOUT        (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 2)  /* + http.c's admissions */
 #define LWIP_DEBUG                  0
 
 #endif

@@ -46,11 +46,26 @@
 #include "h2.h"
 
 #define HTTP_PORT 80
-/* One slot per lwIP PCB: a slot is always free when lwIP could accept. At most
- * HTTP_TABLE of them are admitted (served); the rest of the pool is the reserve
- * (lwipopts.h) that answers a connection the table cannot admit with a 503. */
-#define HTTP_CONNS MEMP_NUM_TCP_PCB
-#define HTTP_TABLE ORISHA_CONN_TABLE
+/*
+ * The table, sized at boot from the guest's RAM (http_init: the RAM above the
+ * image, `orisha boot --memory`): `nslots` connection slots (at most
+ * ORISHA_CONN_SLOTS, lwipopts.h) of which at most `table` are admitted (served,
+ * each with its TLS session). A connection beyond the table waits in its slot,
+ * unread (the accept backlog), until one leaves or gives way; a SYN beyond the
+ * slots is dropped, and the peer's retransmission comes back later.
+ */
+#define SLOT_SHARE 2             /* of the RAM: at most half for slots, the rest the TLS heap */
+#define TLS_BASE (256u * 1024)   /* the TLS heap beyond its sessions: the chain, the key, PSA */
+#define RAM_KEEP (512u * 1024)   /* RAM left for later users of platform_ram_alloc */
+/* A connection gives way to a waiting one only once nothing has come from its
+ * client (and nothing of ours has been acknowledged) for this long: a client
+ * in its handshake, or between two requests, is never cut off. */
+#define STALE_MS 2000
+/* Input the waiting connections may hold in lwIP's heap, all together (see
+ * MEM_SIZE in lwipopts.h): 1,024 ClientHellos of 1.5 KB. Each may hold a receive
+ * window (16 KiB), and 1,024 of them would hold twice the heap; past this the
+ * one that sends is reset. */
+#define WAIT_INPUT_ALL (1536u * 1024)
 #define STATS_MS 1000            /* the stats line: at most this often, when something changed */
 #define POLL_INTERVAL 1          /* x 500 ms (lwIP's slow timer) */
 #define MAX_WRITE 0xf000u        /* tcp_write takes a u16 length */
@@ -73,17 +88,17 @@
  * SYN-ACK or FIN, and a small response, for every slot (see queue_room), and
  * the most one write adds beyond its check.
  */
-#define QUEUE_LIMIT (MEMP_NUM_TCP_SEG - 4 * HTTP_CONNS - WRITE_PBUFS)
+#define QUEUE_LIMIT (MEMP_NUM_TCP_SEG - 4 * ORISHA_CONN_SLOTS - WRITE_PBUFS)
 #define QUEUE_FLOOR 12           /* pbufs: a small response, or 4 MSS of a body */
 #define QUEUE_CAP 384            /* pbufs: about TCP_SND_BUF of zero-copy segments */
-#define QUEUE_BORROW (QUEUE_LIMIT - HTTP_TABLE * QUEUE_FLOOR)
+#define QUEUE_BORROW (QUEUE_LIMIT - ORISHA_CONN_TABLE * QUEUE_FLOOR)
 /* The TLS records a connection keeps queued in lwIP's heap, in bytes: its floor,
  * its cap, and all of them together. 64 KiB each held one download to ~15 MB/s
  * behind QEMU's user networking, 192 to ~30. */
 #define TLS_FLOOR (4 * 1024)
 #define TLS_QUEUE (192 * 1024)
 #define TLS_QUEUE_ALL (1536 * 1024)
-#define TLS_BORROW (TLS_QUEUE_ALL - HTTP_TABLE * TLS_FLOOR)
+#define TLS_BORROW (TLS_QUEUE_ALL - ORISHA_CONN_TABLE * TLS_FLOOR)
 _Static_assert(QUEUE_BORROW >= 2 * QUEUE_CAP && TLS_BORROW >= 2 * TLS_QUEUE,
                "send memory: a full table's floors leave too little to borrow");
 /* Input held for the core is coalesced when its pbufs (a frame each, with ~100
@@ -106,7 +121,12 @@ struct hconn {
     uint8_t closing;             /* tcp_close failed (no memory): retry from poll */
     uint8_t lingering;           /* our FIN is queued; input is dropped until the peer's */
     uint64_t linger_since;       /* ms: when lingering began */
-    uint64_t accepted;           /* ms: for the TLS handshake's timeout */
+    uint64_t accepted;           /* ms: admitted (the TLS handshake's timeout runs from here) */
+    uint64_t arrived;            /* ms: accepted by lwIP (a waiting connection's place in line) */
+    uint64_t active;             /* ms: the last input, or the last of ours acknowledged */
+    uint8_t waiting;             /* beyond the table: held, unread, until admitted */
+    void *h2_reserve;            /* TLS: an h2 connection's state, taken at admission */
+    uint8_t on_tls;              /* accepted on the TLS port */
     struct tls *tls;             /* NULL: the plain port */
     struct h2 *h2;               /* ALPN chose h2 (from the TLS heap) */
     uint32_t open;               /* connections open when this one came (h2's 503s) */
@@ -119,35 +139,45 @@ struct hconn {
 };
 
 /*
- * A full table: who gives way. lwIP needs a PCB at a SYN (tcp_listen_input ->
- * tcp_alloc), long before the accept callback, and when its pool is empty it
- * frees TIME_WAIT, LAST_ACK and CLOSING PCBs, then aborts the active PCB of the
- * lowest priority below the listener's, the longest inactive (tcp_kill_prio);
- * a SYN that finds nothing is dropped in silence. So each connection carries
- * its class as its lwIP priority (tcp_setprio, kept current by pump): waiting
- * for a head (a handshake included) lowest, then idle keep-alive, then done
- * (its last response queued, lingering); new PCBs take the listener's
- * priority, and a connection writing a response is never a candidate. That
- * is the fallback when the whole pool is taken. The policy itself runs at
- * accept, where the connection's own clock is known (admit): beyond
- * HTTP_TABLE admitted connections, the one that has waited longest without
- * completing a request head gives way (aborted: a RST, its slot and TLS
- * session freed), then the longest idle keep-alive one; when every admitted
- * connection is busy the newcomer is refused with the core's 503 (the same
- * bytes and Retry-After as --max-connections, orisha/core/connection.py
- * ERRORS), from a reserve PCB, then lingers like any last response.
+ * A full table: who waits, who gives way. The policy runs at accept and again
+ * whenever a place may have come free (admit, admit_waiting): below `table`
+ * admitted connections a newcomer is served at once. Beyond it, a connection
+ * that has heard nothing from its client for STALE_MS while waiting on it (half
+ * a head, half a ClientHello, an idle keep-alive) gives way (aborted: a RST, its
+ * slot and TLS session freed), the longest waiting in the lowest class first; a
+ * TLS handshake we have answered never does. When every admitted connection has
+ * been busy writing for STALE_MS (long downloads, or clients that stopped
+ * reading), the newcomer is refused with the core's 503 (the bytes and Retry-After of --max-connections,
+ * orisha/core/connection.py ERRORS), then lingers like any last response.
+ * Otherwise it waits in its slot, unread, in the order it came (those whose
+ * first message is whole go first: a client that has asked goes before a
+ * stalled one), for at most the head timeout.
+ *
+ * lwIP needs a PCB at a SYN (tcp_listen_input -> tcp_alloc), long before the
+ * accept callback, and when its pool is empty it frees TIME_WAIT, LAST_ACK and
+ * CLOSING PCBs, then aborts the active PCB of the lowest priority below the
+ * listener's, the longest inactive (tcp_kill_prio). http_ip4_input drops a SYN
+ * beyond the slots before that, and each connection carries its class as its
+ * lwIP priority (tcp_setprio, kept current by pump and the poll timer: prio),
+ * so the fallback takes only what admit would: a stale head, a stale idle
+ * one, a finished one; waiting, fresh and busy connections rank above the
+ * listeners and are never candidates.
  */
 enum {
     CLASS_HEAD = 1,              /* no complete request head yet (or a TLS handshake) */
     CLASS_IDLE = 2,              /* keep-alive, nothing asked */
     CLASS_DONE = 3,              /* last response queued, lingering, refused */
     CLASS_LISTEN = 4,            /* the listeners: new PCBs inherit it (tcp_alloc(prio)) */
+    CLASS_KEEP = 5,              /* waiting for the table, or waited on its client briefly: kept */
     CLASS_BUSY = TCP_PRIO_MAX,   /* writing a response: never displaced */
 };
-static uint64_t displaced, refused, killed, send_timeouts;
+static uint64_t queued, displaced, refused, killed, send_timeouts, syn_dropped, waited_max,
+    overflowed, head_timeouts;
 
-static struct hconn conns[HTTP_CONNS];
-static uint32_t open_conns;
+static struct hconn *conns;      /* nslots of them, from the guest's RAM */
+static uint32_t nslots, table;
+static uint32_t open_conns, waiting_conns;
+static int retry_pending;        /* admit_waiting is scheduled */
 static struct tcp_pcb *listener, *tls_listener;
 static int tls_port;             /* the address of this marks tls_listener's accepts */
 static int stopping;             /* http_stop(): each connection ends after its current response */
@@ -157,6 +187,8 @@ static uint64_t now_ms(void)
     return platform_now_ns() / 1000000u;
 }
 
+static void schedule_admissions(void);
+
 static void release(struct hconn *h)
 {
     if (h->h2) {
@@ -164,6 +196,14 @@ static void release(struct hconn *h)
         tls_release(h->h2);
     }
     h->h2 = NULL;
+    if (h->h2_reserve)
+        tls_release(h->h2_reserve);
+    h->h2_reserve = NULL;
+    if (h->waiting)
+        waiting_conns--;
+    else
+        schedule_admissions(); /* a place in the table, or TLS heap, came free */
+    h->waiting = 0;
     if (h->tls)
         tls_free(h->tls);
     h->tls = NULL;
@@ -259,6 +299,7 @@ static err_t linger(struct hconn *h)
         PANIC("http: shutting down a connection's sending side failed");
     h->lingering = 1;
     h->linger_since = now_ms();
+    schedule_admissions(); /* it left the table */
     return ERR_OK;
 }
 
@@ -306,7 +347,7 @@ static size_t tls_room(const struct hconn *h)
     size_t mine = TCP_SND_BUF - h->pcb->snd_buf, borrowed = 0;
     if (mine >= TLS_QUEUE)
         return 0;
-    for (int i = 0; i < HTTP_CONNS; i++) {
+    for (uint32_t i = 0; i < nslots; i++) {
         const struct hconn *o = &conns[i];
         if (o->used && o->tls && o->pcb) {
             size_t q = TCP_SND_BUF - o->pcb->snd_buf;
@@ -474,12 +515,13 @@ static int start_tls(struct hconn *h, uint64_t now)
     }
     h->started = 1;
     if (tls_alpn_h2(h->tls)) {
-        if (!(h->h2 = tls_alloc(h2_size()))) { /* the TLS heap is full */
-            close_conn(h);
-            return -1;
-        }
+        h->h2 = h->h2_reserve; /* taken at admission: a full heap never ends it here */
+        h->h2_reserve = NULL;
         h->core.resp.n = 0; /* a 503 planned at accept is h2's to send, per stream */
         h2_init(h->h2, &h->core, now, h->open);
+    } else if (h->h2_reserve) {
+        tls_release(h->h2_reserve);
+        h->h2_reserve = NULL;
     }
     return 1;
 }
@@ -508,10 +550,12 @@ static void sniff(struct hconn *h)
                 policy_tls_plain_body, sizeof policy_tls_plain_body - 1);
 }
 
-/* The connection's class (CLASS_*): its lwIP priority and its place in admit. */
+/* The connection's class (CLASS_*): its place in admit. */
 static int klass(const struct hconn *h)
 {
     const struct tcp_pcb *pcb = h->pcb;
+    if (h->waiting)
+        return CLASS_KEEP;
     if (h->refused || h->closing || h->lingering)
         return CLASS_DONE;
     if (h->tls && !h->started)
@@ -527,6 +571,37 @@ static int klass(const struct hconn *h)
     return CLASS_IDLE;
 }
 
+/* A connection waiting on its client (a head, a ClientHello, the next request)
+ * that has heard nothing from it for STALE_MS: it may give way. A TLS handshake
+ * we have answered never does (only its timeout ends it): a reset mid-handshake
+ * would fail a client that is merely slow to compute its side. */
+static uint64_t idle_at;         /* ms: the loop last found no frame waiting (http_idle) */
+
+static int stale(const struct hconn *h, int k, uint64_t now)
+{
+    if (h->tls && !h->started && tls_replied(h->tls))
+        return 0;
+    /* The silence must be the client's: STALE_MS after its last frame the loop
+     * had drained every frame and found none of it. While the kernel itself is
+     * behind (a burst of handshakes, a slow TCG guest), frames wait in the ring
+     * and nobody is stale. */
+    return (k == CLASS_HEAD || k == CLASS_IDLE) && now - h->active > STALE_MS &&
+           idle_at > h->active + STALE_MS;
+}
+
+void http_idle(void)
+{
+    idle_at = now_ms();
+}
+
+/* Its lwIP priority: lwIP aborts the lowest below the listeners' at a full PCB
+ * pool (see CLASS_*), so only a stale or finished connection is ever a candidate. */
+static int prio(const struct hconn *h, uint64_t now)
+{
+    int k = klass(h);
+    return k == CLASS_DONE || stale(h, k, now) ? k : k == CLASS_BUSY ? CLASS_BUSY : CLASS_KEEP;
+}
+
 /* How long it has waited in its class: since the accept for a handshake, else
  * since the core's current wait began (the connect, or the last response's
  * acknowledgement). */
@@ -535,40 +610,136 @@ static uint64_t waited(const struct hconn *h, uint64_t now)
     return now - (h->tls && !h->started ? h->accepted : h->core.since);
 }
 
+enum { ADMIT, REFUSE, WAIT };
+
 /*
- * A new connection's admission (see CLASS_*): 1 admitted, when the table has
- * room or a waiting or idle connection gave way; 0 when every admitted one is
- * busy, and the newcomer gets a 503.
+ * A connection's admission to the table (see CLASS_*): ADMIT when the table has
+ * room or a stale waiting or idle connection gave way (the one that has waited
+ * longest in the lowest class); REFUSE (a 503) when every admitted one has been
+ * busy writing for STALE_MS; else WAIT, in its slot, for one of them to finish
+ * or go stale.
  */
-static int admit(uint64_t now)
+static int admit(const struct hconn *self, uint64_t now)
 {
     struct hconn *victim = NULL;
-    int admitted = 0, vclass = CLASS_DONE;
+    int vclass = CLASS_DONE;
+    static uint64_t busy_since; /* every admitted connection busy since then (0: not) */
+    uint32_t admitted = 0, unbusy = 0;
     uint64_t vwait = 0;
-    for (int i = 0; i < HTTP_CONNS; i++) {
+    for (uint32_t i = 0; i < nslots; i++) {
         struct hconn *h = &conns[i];
-        if (!h->used)
+        if (!h->used || h == self)
             continue;
         int k = klass(h);
-        if (k == CLASS_DONE)
+        if (k == CLASS_DONE || k == CLASS_KEEP)
             continue;
         admitted++;
+        if (k == CLASS_BUSY)
+            continue;
+        unbusy++;
         uint64_t w = waited(h, now);
-        if (k < vclass || (k == vclass && w > vwait)) {
+        if (stale(h, k, now) && (k < vclass || (k == vclass && w > vwait))) {
             victim = h;
             vclass = k;
             vwait = w;
         }
     }
-    if (admitted < HTTP_TABLE)
-        return 1;
-    if (!victim) {
-        refused++;
-        return 0;
+    if (admitted < table || unbusy)
+        busy_since = 0;
+    else if (!busy_since)
+        busy_since = now;
+    if (admitted < table)
+        return ADMIT;
+    if (victim) {
+        abort_conn(victim);
+        displaced++;
+        return ADMIT;
     }
-    abort_conn(victim);
-    displaced++;
+    return busy_since && now - busy_since > STALE_MS ? REFUSE : WAIT;
+}
+
+/* Whether a waiting connection has its first message whole (a TLS record, a
+ * request head), or its peer finished: it goes before those still sending one. */
+static int ready(const struct hconn *h)
+{
+    if (h->peer_eof)
+        return 1;
+    if (!h->in)
+        return 0;
+    uint8_t rec[5];
+    if (h->tls && pbuf_copy_partial(h->in, rec, 5, 0) == 5 && rec[0] == 0x16)
+        return h->in->tot_len >= 5u + ((uint32_t)rec[3] << 8 | rec[4]);
+    return pbuf_memfind(h->in, "\r\n\r\n", 4, 0) != 0xffff ||
+           pbuf_memfind(h->in, "\n\n", 2, 0) != 0xffff;
+}
+
+static err_t pump(struct hconn *h);
+
+/*
+ * Take a connection into the table (or refuse it: a 503): its TLS session and
+ * the state an h2 connection would need come from the TLS heap now, so a full
+ * heap makes it wait rather than fail later. 0: it still waits.
+ */
+static int enter(struct hconn *h, uint64_t now)
+{
+    int v = admit(h, now);
+    if (v == WAIT)
+        return 0;
+    if (h->on_tls && !h->tls) {
+        if (!(h->tls = tls_new(h->pcb, &h->in, &h->peer_eof)))
+            return 0;
+        if (v == ADMIT && !(h->h2_reserve = tls_alloc(h2_size()))) {
+            tls_free(h->tls);
+            h->tls = NULL;
+            return 0;
+        }
+    }
+    if (h->waiting) {
+        h->waiting = 0;
+        waiting_conns--;
+        if (now - h->arrived > waited_max)
+            waited_max = now - h->arrived;
+    }
+    if (v == REFUSE)
+        refused++;
+    h->refused = v == REFUSE;
+    h->accepted = h->active = now;
+    /* Over the limit, or refused by admit (UINT32_MAX: above any limit, see
+     * limits_from_cmdline): a 503 to write (h2: one per stream). */
+    h->open = v == ADMIT ? open_conns : UINT32_MAX;
+    core_connect(&h->core, now, h->open);
     return 1;
+}
+
+/* The waiting connections, ready ones first, each in the order it came, while
+ * the table takes them (from lwIP's timer: never inside another's callback). */
+static void admit_waiting(void *arg)
+{
+    (void)arg;
+    retry_pending = 0;
+    uint64_t now = now_ms();
+    for (int pass = 0; pass < 2 && waiting_conns; pass++) {
+        for (;;) {
+            struct hconn *next = NULL;
+            for (uint32_t i = 0; i < nslots; i++) {
+                struct hconn *h = &conns[i];
+                if (h->used && h->waiting && (pass || ready(h)) &&
+                    (!next || h->arrived < next->arrived))
+                    next = h;
+            }
+            if (!next || !enter(next, now))
+                break;
+            pump(next);
+        }
+    }
+}
+
+static void schedule_admissions(void)
+{
+    if (!waiting_conns || retry_pending)
+        return;
+    retry_pending = 1;
+    sys_timeout(0, admit_waiting, NULL);
 }
 
 /* Answer whatever can be answered now; returns ERR_ABRT if the pcb is gone. */
@@ -576,7 +747,7 @@ static err_t pump_io(struct hconn *h)
 {
     struct core_conn *c = &h->core;
     uint64_t now = now_ms();
-    if (h->lingering)
+    if (h->lingering || h->waiting)
         return ERR_OK;
     if (h->tls && !h->sniffed)
         sniff(h);
@@ -646,7 +817,7 @@ static err_t pump(struct hconn *h)
 {
     err_t e = pump_io(h);
     if (e != ERR_ABRT && h->used && h->pcb)
-        tcp_setprio(h->pcb, (u8_t)klass(h));
+        tcp_setprio(h->pcb, (u8_t)prio(h, now_ms()));
     return e;
 }
 
@@ -679,15 +850,27 @@ static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
             pbuf_free(p);
         return ERR_OK;
     }
+    h->active = now_ms();
     if (!p) {
         h->peer_eof = 1;
-        return pump(h);
-    }
-    if (h->in) {
+    } else if (h->in) {
         pbuf_cat(h->in, p);
         compact_input(h);
     } else {
         h->in = p;
+    }
+    if (h->waiting) {
+        uint32_t held = 0;
+        for (uint32_t i = 0; i < nslots; i++)
+            if (conns[i].used && conns[i].waiting && conns[i].in)
+                held += conns[i].in->tot_len;
+        if (held > WAIT_INPUT_ALL) {
+            overflowed++;
+            return abort_conn(h);
+        }
+        if (ready(h))
+            schedule_admissions();
+        return ERR_OK;
     }
     return pump(h);
 }
@@ -697,8 +880,9 @@ static err_t on_sent(void *arg, struct tcp_pcb *pcb, u16_t len)
     (void)pcb;
     (void)len;
     struct hconn *h = arg;
-    if (!h || h->closing || h->lingering)
+    if (!h || h->closing || h->lingering || h->waiting)
         return ERR_OK;
+    h->active = now_ms();
     core_sent(&h->core, now_ms());
     return pump(h);
 }
@@ -720,9 +904,25 @@ static err_t on_poll(void *arg, struct tcp_pcb *pcb)
             end_linger(h);
         return ERR_OK;
     }
+    if (h->waiting) {
+        /* One whose first message is not whole waits as long as a head may take
+         * (and the loop has drained every frame since: not while the kernel is
+         * behind), then closes unanswered, as a head that never came; one that
+         * has asked waits for its turn (ours to give: the table drains in order). */
+        if (!ready(h) && now_ms() - h->arrived > core_limits.head_timeout &&
+            idle_at > h->arrived + core_limits.head_timeout) {
+            head_timeouts++;
+            return close_conn(h);
+        }
+        schedule_admissions(); /* a connection may have gone stale meanwhile */
+        tcp_setprio(pcb, CLASS_KEEP);
+        return ERR_OK;
+    }
     if (h->tls && tls_handshaking(h->tls) &&
-        now_ms() - h->accepted > core_limits.head_timeout)
+        now_ms() - h->accepted > core_limits.head_timeout) {
+        head_timeouts++;
         return close_conn(h); /* a slow or silent handshake */
+    }
     if (h->h2) {
         if (h2_tick(h->h2, now_ms(), pcb->unsent || pcb->unacked)) {
             send_timeouts++;
@@ -758,15 +958,14 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     if (err != ERR_OK || !pcb)
         return ERR_VAL;
     uint64_t now = now_ms();
-    int admitted = admit(now); /* before taking a slot or a TLS session: a victim frees both */
     struct hconn *h = NULL;
-    for (int i = 0; i < HTTP_CONNS; i++) {
+    for (uint32_t i = 0; i < nslots; i++) {
         if (!conns[i].used) {
             h = &conns[i];
             break;
         }
     }
-    if (!h) { /* cannot happen (a slot per PCB), but never crash on it */
+    if (!h) { /* cannot happen (http_ip4_input keeps a slot for each SYN), but never crash on it */
         tcp_abort(pcb);
         return ERR_ABRT;
     }
@@ -778,31 +977,61 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->peer_eof = 0;
     h->closing = 0;
     h->lingering = 0;
-    h->accepted = now_ms();
+    h->arrived = h->accepted = h->active = now;
     h->tls = NULL;
     h->h2 = NULL;
+    h->h2_reserve = NULL;
+    h->on_tls = arg == &tls_port;
     h->started = h->plain_eof = h->sniffed = 0;
     h->served = 0;
-    h->refused = !admitted;
-    if (arg == &tls_port && !(h->tls = tls_new(pcb, &h->in, &h->peer_eof))) {
-        h->used = 0; /* the TLS heap is full: refuse, as the PCB pool refuses SYNs */
-        tcp_abort(pcb);
-        return ERR_ABRT;
-    }
+    h->refused = 0;
+    h->waiting = 1; /* until enter() takes it */
+    waiting_conns++;
     open_conns++;
-    /* Over the limit, or refused by admit (UINT32_MAX: above any limit, see
-     * limits_from_cmdline): a 503 to write (h2: one per stream). */
-    h->open = admitted ? open_conns : UINT32_MAX;
-    core_connect(&h->core, now, h->open);
     tcp_arg(pcb, h);
     tcp_recv(pcb, on_recv);
     tcp_sent(pcb, on_sent);
     tcp_err(pcb, on_err);
     tcp_poll(pcb, on_poll, POLL_INTERVAL);
     tcp_nagle_disable(pcb);
-    tcp_setprio(pcb, (u8_t)klass(h));
+    /* The oldest waiting one goes first: a newcomer enters at once only when none waits. */
+    if (waiting_conns > 1 || !enter(h, now)) {
+        queued++;
+        tcp_setprio(pcb, CLASS_KEEP);
+        schedule_admissions();
+        return ERR_OK;
+    }
     err_t e = pump(h);
     return e == ERR_ABRT ? ERR_ABRT : ERR_OK;
+}
+
+/*
+ * lwIP's IPv4 input hook (lwipopts.h): a SYN for one of our ports when every
+ * slot is taken or promised (connections open and handshakes in SYN_RCVD) is
+ * dropped, not answered: the peer retransmits it, so it waits for a slot
+ * instead of taking the place of a connection in its handshake.
+ */
+int http_ip4_input(struct pbuf *p, struct netif *inp)
+{
+    (void)inp;
+    const uint8_t *ip = p->payload;
+    size_t hl = (size_t)(ip[0] & 0x0f) * 4;
+    if (p->len < hl + TCP_HLEN || hl < IP_HLEN || ip[9] != IP_PROTO_TCP || ((ip[6] & 0x3f) | ip[7]))
+        return 0;
+    const struct tcp_hdr *th = (const struct tcp_hdr *)(ip + hl);
+    u16_t dport = lwip_ntohs(th->dest);
+    if ((TCPH_FLAGS(th) & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN ||
+        (dport != HTTP_PORT && !(tls_listener && dport == TLS_PORT)) || open_conns < nslots / 2)
+        return 0;
+    uint32_t promised = open_conns;
+    for (const struct tcp_pcb *q = tcp_active_pcbs; q; q = q->next)
+        if (q->state == SYN_RCVD)
+            promised++;
+    if (promised < nslots)
+        return 0;
+    syn_dropped++;
+    pbuf_free(p);
+    return 1;
 }
 
 /* "orisha.NAME=VALUE" on the kernel command line: a decimal, maybe with a fraction. */
@@ -873,7 +1102,7 @@ static void limits_from_cmdline(void)
 #define LIMIT_SHOW(name, def, scale) platform_printf(" " #name " %lu", (unsigned long)l->name);
         POLICY_LIMITS(LIMIT_SHOW)
 #undef LIMIT_SHOW
-        platform_printf(" (timeouts in ms; slots %d)\n", HTTP_CONNS);
+        platform_printf(" (timeouts in ms)\n");
     }
 }
 
@@ -904,23 +1133,29 @@ static void log_stats(void)
 {
     const struct stats_mem *pb = lwip_stats.memp[MEMP_PBUF], *sg = lwip_stats.memp[MEMP_TCP_SEG];
     const struct stats_mem *pc = lwip_stats.memp[MEMP_TCP_PCB];
-    platform_printf("orisha: stats open %u displaced %lu refused %lu killed %lu send_timeouts %lu "
+    platform_printf("orisha: stats open %u waiting %u queued %lu waited_ms %lu syn_dropped %lu "
+                    "overflowed %lu head_timeouts %lu "
+                    "displaced %lu refused %lu killed %lu send_timeouts %lu "
                     "heap_used %lu heap_peak %lu heap_size %lu heap_failed %lu "
                     "pbufs_peak %u pbufs %u segs_peak %u segs %u pcbs_peak %u pcbs %u\n",
-                    open_conns, (unsigned long)displaced, (unsigned long)refused,
+                    open_conns, waiting_conns, (unsigned long)queued, (unsigned long)waited_max,
+                    (unsigned long)syn_dropped, (unsigned long)overflowed,
+                    (unsigned long)head_timeouts,
+                    (unsigned long)displaced, (unsigned long)refused,
                     (unsigned long)killed, (unsigned long)send_timeouts,
                     (unsigned long)lwip_stats.mem.used,
                     (unsigned long)lwip_stats.mem.max, (unsigned long)lwip_stats.mem.avail,
                     (unsigned long)lwip_stats.mem.err, pb->max, pb->avail, sg->max, sg->avail,
                     pc->max, pc->avail);
     net_log_stats();
+    tls_log_stats();
 }
 
 static void stats_tick(void *arg)
 {
     static uint64_t last, ticks;
     (void)arg;
-    uint64_t sum = displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
+    uint64_t sum = queued + syn_dropped + overflowed + head_timeouts + displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
                    lwip_stats.memp[MEMP_PBUF]->err + lwip_stats.memp[MEMP_TCP_SEG]->err;
     if (sum != last || (platform_verbose() && ++ticks % 10 == 0))
         log_stats();
@@ -928,12 +1163,47 @@ static void stats_tick(void *arg)
     sys_timeout(STATS_MS, stats_tick, NULL);
 }
 
+/*
+ * The table from the guest's RAM above the image: slots (a struct hconn each,
+ * touched only as far as used) from at most half of it, the TLS heap from the
+ * rest, TLS_SLOT for each connection the table admits; a plain kernel's table
+ * is three quarters of its slots. Both within lwipopts.h's bounds, which the
+ * pools and send floors are sized for.
+ */
+static size_t size_table(void)
+{
+    size_t ram = platform_ram_left();
+    ram = ram > RAM_KEEP ? ram - RAM_KEEP : 0;
+    size_t slots = ram / SLOT_SHARE / sizeof(struct hconn), heap = 0;
+    if (slots > ORISHA_CONN_SLOTS)
+        slots = ORISHA_CONN_SLOTS;
+    if (tls_built()) {
+        heap = ram - slots * sizeof(struct hconn);
+        table = (uint32_t)(heap / TLS_SLOT);
+    } else {
+        table = (uint32_t)(slots - slots / 4);
+    }
+    if (table > ORISHA_CONN_TABLE)
+        table = ORISHA_CONN_TABLE;
+    if (table > slots)
+        table = (uint32_t)slots;
+    if (table < 4)
+        PANIC("http: %zu KiB of RAM above the image hold %u connections: give the guest more "
+              "memory (--memory)", ram / 1024, table);
+    if (tls_built())
+        heap = (size_t)table * TLS_SLOT + TLS_BASE;
+    nslots = (uint32_t)slots;
+    conns = platform_ram_alloc(slots * sizeof(struct hconn), 64);
+    return heap;
+}
+
 int http_init(const uint8_t *image, size_t len)
 {
     uint32_t routes = core_init(image, len);
     limits_from_cmdline();
+    size_t heap = size_table();
     listener = listen_on(HTTP_PORT, NULL);
-    if (tls_init())
+    if (tls_init(heap))
         tls_listener = listen_on(TLS_PORT, &tls_port);
     if (platform_verbose())
         platform_printf("orisha: http listening on port %d%s, %u routes\n", HTTP_PORT,
@@ -960,11 +1230,13 @@ void http_stop(void)
     if (tls_listener && tcp_close(tls_listener) != ERR_OK)
         PANIC("http: closing the TLS listener failed");
     tls_listener = NULL;
-    for (int i = 0; i < HTTP_CONNS; i++) {
+    for (uint32_t i = 0; i < nslots; i++) {
         struct hconn *h = &conns[i];
         if (!h->used || h->closing || h->lingering)
             continue;
-        if (h->h2) {
+        if (h->waiting)
+            close_conn(h);   /* never admitted: closes unanswered, as a SYN now would be */
+        else if (h->h2) {
             h2_stop(h->h2);  /* GOAWAY; what was asked is still answered */
             pump(h);
         } else if (h->core.resp.n)
@@ -972,6 +1244,12 @@ void http_stop(void)
         else
             close_conn(h);   /* idle: closes now, as Connection.shutdown */
     }
+}
+
+uint32_t http_table(uint32_t *slots)
+{
+    *slots = nslots;
+    return table;
 }
 
 /* Open connections, or bytes (a FIN included) the peers have not acknowledged. */

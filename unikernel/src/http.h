@@ -15,6 +15,10 @@
 int http_init(const uint8_t *image, size_t len);
 /* Graceful stop: no new connections; each open one ends after its current response. */
 void http_stop(void);
+/* From the main loop when a pass found no frame: the kernel is not behind (see stale()). */
+void http_idle(void);
+/* Connections served at once, and slots (served and waiting), as sized from the RAM. */
+uint32_t http_table(uint32_t *slots);
 /* 1 while connections are open or sent bytes are unacknowledged (0 after a stop: drained). */
 int http_busy(void);
 #endif

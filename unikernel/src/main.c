@@ -19,6 +19,7 @@
 #include "http.h"
 #include "io.h"
 #include "virtio_rng.h"
+#include "tls.h"
 
 #define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
 #define STATS_MS 10000       /* orisha.verbose: net counters this often */
@@ -26,11 +27,16 @@
 
 enum command { NONE, STOP, EXIT };
 
-/* One pass of the loop: the network, and the RTC edge the wall clock waits for. */
+/* One pass of the loop: the network, and the RTC edge the wall clock waits for;
+ * when the network had nothing, http.c hears the kernel is not behind, and a key
+ * for a later TLS handshake is made (tls.h). */
 static void step(void)
 {
-    if (!net_poll())
-        cpu_relax();
+    if (!net_poll()) {
+        http_idle();
+        if (!tls_prepare())
+            cpu_relax();
+    }
     platform_wallclock_poll();
 }
 
@@ -116,8 +122,10 @@ int main(void)
     net_init(); /* starts DHCP */
     int tls = http_init(site, site_len);
     wait_for_address(); /* net.c logs the address */
-    platform_printf("orisha: serving http on port 80%s, site %zu bytes, boot %u ms\n",
-                    tls ? " and https on port 443" : "", site_len, platform_now_ms());
+    uint32_t slots, table = http_table(&slots);
+    platform_printf("orisha: serving http on port 80%s, site %zu bytes, table %u of %u slots, "
+                    "boot %u ms\n", tls ? " and https on port 443" : "", site_len, table, slots,
+                    platform_now_ms());
     if (platform_cmdline_has("orisha.exit=ready"))
         return 0; /* boot-time measurements */
     serve();

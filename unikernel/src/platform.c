@@ -45,6 +45,10 @@ extern const uint8_t platform_site_end[];
  */
 static uint8_t arena[ARENA_SIZE] __attribute__((aligned(4096)));
 static size_t arena_used;
+/* The RAM above the loaded image (bss included), from the PVH memory map: the
+ * tables sized from the guest's memory (--memory) are carved from it. */
+extern uint8_t __image_end[];
+static uintptr_t ram_next, ram_end;
 static const char *cmdline = "";
 
 static int in_panic;
@@ -94,6 +98,22 @@ void *platform_arena_alloc(size_t size, size_t align)
     return arena + off;
 }
 
+size_t platform_ram_left(void)
+{
+    return ram_end - ram_next;
+}
+
+void *platform_ram_alloc(size_t size, size_t align)
+{
+    ASSERT(align && (align & (align - 1)) == 0);
+    uintptr_t p = (ram_next + align - 1) & ~(uintptr_t)(align - 1);
+    if (p > ram_end || size > ram_end - p)
+        PANIC("guest RAM exhausted: want %zu, %zu left (more --memory)", size,
+              (size_t)(ram_end - ram_next));
+    ram_next = p + size;
+    return (void *)p;
+}
+
 const uint8_t *platform_site(size_t *len)
 {
     *len = (size_t)(platform_site_end - platform_site_start);
@@ -121,14 +141,30 @@ static void parse_start_info(uint32_t paddr)
     uint64_t ram = 0;
     if (si->version >= 1 && si->memmap_paddr) {
         const struct hvm_memmap_entry *e = (const void *)(uintptr_t)si->memmap_paddr;
-        for (uint32_t i = 0; i < si->memmap_entries; i++)
-            if (e[i].type == 1)
-                ram += e[i].size;
+        uintptr_t end = (uintptr_t)__image_end;
+        for (uint32_t i = 0; i < si->memmap_entries; i++) {
+            if (e[i].type != 1)
+                continue;
+            ram += e[i].size;
+            /* The entry holding the image: what lies above it. Only what boot.S maps
+             * (the low 3 GiB: the fourth is MMIO) is used. */
+            uint64_t top = e[i].addr + e[i].size, limit = 3ull << 30;
+            if (e[i].addr <= end && top > end) {
+                ram_next = end;
+                ram_end = (uintptr_t)(top < limit ? top : limit);
+            }
+        }
     }
+    /* QEMU hands over zeroed RAM; the start info and command line sit below the
+     * image (microvm's PVH tables are under 1 MiB), so nothing above it is in use. */
+    if (((uintptr_t)si >= ram_next && (uintptr_t)si < ram_end) ||
+        (si->cmdline_paddr >= ram_next && si->cmdline_paddr < ram_end) ||
+        (si->memmap_paddr >= ram_next && si->memmap_paddr < ram_end))
+        PANIC("PVH start info at %#x lies above the image", paddr);
     verbose = platform_cmdline_has("orisha.verbose");
     if (verbose)
-        platform_printf("orisha: pvh boot, %u MiB RAM, cmdline \"%s\"\n",
-                        (unsigned)(ram >> 20), cmdline);
+        platform_printf("orisha: pvh boot, %u MiB RAM (%u MiB above the image), cmdline \"%s\"\n",
+                        (unsigned)(ram >> 20), (unsigned)((ram_end - ram_next) >> 20), cmdline);
 }
 
 static void start_app(void) __attribute__((noreturn));

@@ -42,6 +42,11 @@ const uint8_t *platform_site(size_t *len);
 
 /* Bump allocator over a fixed bss arena; never freed. align: power of 2. */
 void *platform_arena_alloc(size_t size, size_t align);
+/* The guest's RAM above the image (`orisha boot --memory`): bytes left, and a
+ * bump allocator over it (zeroed, never freed; PANICs when it runs out). For
+ * tables sized from the machine's memory. */
+size_t platform_ram_left(void);
+void *platform_ram_alloc(size_t size, size_t align);
 
 /* Clocks (clock.c). */
 uint64_t platform_now_ns(void);        /* monotonic since boot */

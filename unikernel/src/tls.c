@@ -4,9 +4,10 @@
  * clocks and lwIP, and nothing more.
  *
  * - Memory: mbedTLS allocates and frees per session, which the kernel's bump
- *   arena cannot do, so its own first-fit heap (memory_buffer_alloc) runs over
- *   a fixed bss region. A session costs about 40 KB (two 16 KiB record
- *   buffers); when the heap is full a new connection is reset.
+ *   allocators cannot do, so its own first-fit heap (memory_buffer_alloc) runs
+ *   over a region of the guest's RAM that http.c sizes from the memory it has
+ *   (TLS_SLOT a connection it admits). A session costs about 40 KB (two 16 KiB
+ *   record buffers); when the heap is full a new connection waits (http.c).
  * - Entropy: PSA's CTR_DRBG, which every key share, nonce and signature draws
  *   from, is seeded (and reseeded) from an entropy context holding a strong
  *   source for each generator the machine has: RDSEED/RDRAND
@@ -39,7 +40,6 @@
 #include "virtio_rng.h"
 #include "tls.h"
 
-#define HEAP_SIZE (5u * 1024 * 1024)
 #define PLAIN_MAX 2048           /* plaintext read ahead of the core per record read */
 #define RECORD_OVERHEAD 64       /* header, type byte, tag (22 in TLS 1.3), with room */
 
@@ -53,11 +53,11 @@ struct tls {
     struct pbuf **in;            /* the connection's ciphertext queue */
     const uint8_t *eof;          /* the peer's FIN */
     size_t pending;              /* plaintext bytes of a record mbedTLS holds (WANT_WRITE) */
+    uint64_t hs_ns;              /* the guest's time in this handshake's steps so far */
     uint16_t plain_off, plain_len;
     uint8_t plain[PLAIN_MAX];
 };
 
-static unsigned char heap[HEAP_SIZE] __attribute__((aligned(64)));
 static mbedtls_ssl_config conf;
 static mbedtls_x509_crt chain;
 static mbedtls_pk_context key;
@@ -118,6 +118,115 @@ mbedtls_ms_time_t mbedtls_ms_time(void)
     return (mbedtls_ms_time_t)(platform_now_ns() / 1000000u);
 }
 
+/*
+ * Ephemeral ECDHE keys made while the loop is idle. A handshake's key share is
+ * a fresh key pair (psa_generate_key in mbedTLS's TLS code: a whole scalar
+ * multiplication, a third of the guest's handshake with X25519) which mbedTLS
+ * uses once and destroys. The link wraps that call (the Makefile's
+ * --wrap=psa_generate_key): a request for an ECDH key of a pooled group takes a
+ * key made earlier, the same way from the same DRBG, each used once, so
+ * forward secrecy is what it was; an empty pool (a sustained burst) makes one
+ * then and there, as before.
+ */
+#define KEY_POOL 8
+#define PUB_MAX 65               /* an uncompressed P-256 point; X25519's is 32 bytes */
+struct pooled_key {
+    mbedtls_svc_key_id_t id;
+    uint8_t pub_len;
+    uint8_t pub[PUB_MAX];
+};
+struct key_pool {
+    psa_key_type_t type;
+    size_t bits;
+    int n;
+    struct pooled_key key[KEY_POOL];
+};
+static struct key_pool pools[] = {
+    { PSA_KEY_TYPE_ECC_KEY_PAIR(PSA_ECC_FAMILY_MONTGOMERY), 255, 0, { { 0 } } },
+    { PSA_KEY_TYPE_ECC_KEY_PAIR(PSA_ECC_FAMILY_SECP_R1), 256, 0, { { 0 } } },
+};
+/* The key last handed out, until mbedTLS exports its public half (the very next
+ * PSA call it makes): PSA keeps only the private scalar, and would multiply again. */
+static struct pooled_key issued;
+static int pools_on;             /* PSA is up (tls_init) */
+static uint64_t keys_pooled;     /* key shares that came from a pool */
+
+psa_status_t __real_psa_generate_key(const psa_key_attributes_t *a, mbedtls_svc_key_id_t *key);
+psa_status_t __wrap_psa_generate_key(const psa_key_attributes_t *a, mbedtls_svc_key_id_t *key);
+psa_status_t __real_psa_export_public_key(mbedtls_svc_key_id_t key, uint8_t *data, size_t size,
+                                          size_t *len);
+psa_status_t __wrap_psa_export_public_key(mbedtls_svc_key_id_t key, uint8_t *data, size_t size,
+                                          size_t *len);
+
+static void ecdh_attributes(psa_key_attributes_t *a, const struct key_pool *p)
+{
+    *a = psa_key_attributes_init();
+    psa_set_key_usage_flags(a, PSA_KEY_USAGE_DERIVE);
+    psa_set_key_algorithm(a, PSA_ALG_ECDH);
+    psa_set_key_type(a, p->type);
+    psa_set_key_bits(a, p->bits);
+}
+
+psa_status_t __wrap_psa_generate_key(const psa_key_attributes_t *a, mbedtls_svc_key_id_t *key)
+{
+    for (size_t i = 0; i < sizeof pools / sizeof *pools; i++) {
+        struct key_pool *p = &pools[i];
+        psa_key_attributes_t want;
+        ecdh_attributes(&want, p);
+        if (p->n && psa_get_key_type(a) == p->type && psa_get_key_bits(a) == p->bits &&
+            psa_get_key_usage_flags(a) == psa_get_key_usage_flags(&want) &&
+            psa_get_key_algorithm(a) == PSA_ALG_ECDH &&
+            psa_get_key_lifetime(a) == PSA_KEY_LIFETIME_VOLATILE) {
+            struct pooled_key *k = &p->key[--p->n];
+            *key = k->id;
+            keys_pooled++;
+            issued = *k;
+            return PSA_SUCCESS;
+        }
+    }
+    issued.pub_len = 0;
+    return __real_psa_generate_key(a, key);
+}
+
+psa_status_t __wrap_psa_export_public_key(mbedtls_svc_key_id_t key, uint8_t *data, size_t size,
+                                          size_t *len)
+{
+    struct pooled_key *k = &issued;
+    if (k->pub_len && mbedtls_svc_key_id_equal(k->id, key) && size >= k->pub_len) {
+        memcpy(data, k->pub, k->pub_len);
+        *len = k->pub_len;
+        k->pub_len = 0; /* once: the id is reused after mbedTLS destroys the key */
+        return PSA_SUCCESS;
+    }
+    k->pub_len = 0;
+    return __real_psa_export_public_key(key, data, size, len);
+}
+
+int tls_prepare(void)
+{
+    if (!pools_on)
+        return 0;
+    for (size_t i = 0; i < sizeof pools / sizeof *pools; i++) {
+        struct key_pool *p = &pools[i];
+        if (p->n == KEY_POOL)
+            continue;
+        psa_key_attributes_t a;
+        ecdh_attributes(&a, p);
+        struct pooled_key *k = &p->key[p->n];
+        size_t len;
+        if (__real_psa_generate_key(&a, &k->id) != PSA_SUCCESS)
+            return 0; /* no entropy or memory now: the handshakes make their own */
+        if (__real_psa_export_public_key(k->id, k->pub, sizeof k->pub, &len) != PSA_SUCCESS) {
+            psa_destroy_key(k->id);
+            return 0;
+        }
+        k->pub_len = (uint8_t)len;
+        p->n++;
+        return 1;
+    }
+    return 0;
+}
+
 /* Codes only: MBEDTLS_ERROR_C's message table would cost more than the rest of
  * this file; `programs/util/strerror` in the mbedTLS sources reads them. */
 static void fail(const char *what, int ret)
@@ -125,15 +234,21 @@ static void fail(const char *what, int ret)
     PANIC("tls: %s: mbedTLS error -0x%04x", what, (unsigned)-ret);
 }
 
-int tls_init(void)
+int tls_built(void)
 {
+    return 1;
+}
+
+int tls_init(size_t heap_bytes)
+{
+    unsigned char *heap = platform_ram_alloc(heap_bytes, 64);
     unsigned char probe[8];
     have_cpu = platform_entropy(probe, sizeof probe) == 0;
     have_virtio = virtio_rng_read(probe, sizeof probe) == 0;
     if (!have_cpu && !have_virtio)
         PANIC("tls: no entropy source (no RDSEED/RDRAND in the CPU, no virtio-rng device): "
               "refusing to serve TLS");
-    mbedtls_memory_buffer_alloc_init(heap, sizeof heap);
+    mbedtls_memory_buffer_alloc_init(heap, heap_bytes);
     psa_status_t st = mbedtls_psa_crypto_configure_entropy_sources(entropy_init, mbedtls_entropy_free);
     if (st == PSA_SUCCESS)
         st = psa_crypto_init();
@@ -158,10 +273,11 @@ int tls_init(void)
         fail("certificate and key", ret);
     if ((ret = mbedtls_ssl_conf_alpn_protocols(&conf, alpn)) != 0)
         fail("alpn", ret);
+    pools_on = 1;
     if (platform_verbose())
         platform_printf("orisha: tls: %s key, %u-byte chain, heap %u KiB\n",
                         mbedtls_pk_get_name(&key), (unsigned)(tls_cert_pem_end - tls_cert_pem),
-                        HEAP_SIZE / 1024);
+                        (unsigned)(heap_bytes / 1024));
     return 1;
 }
 
@@ -230,6 +346,11 @@ void tls_free(struct tls *t)
     mbedtls_free(t);
 }
 
+int tls_replied(const struct tls *t)
+{
+    return t->ssl.MBEDTLS_PRIVATE(state) > MBEDTLS_SSL_CLIENT_HELLO;
+}
+
 int tls_handshaking(const struct tls *t)
 {
     return !mbedtls_ssl_is_handshake_over((mbedtls_ssl_context *)&t->ssl);
@@ -241,15 +362,68 @@ static int waiting(int ret)
     return ret == MBEDTLS_ERR_SSL_WANT_READ || ret == MBEDTLS_ERR_SSL_WANT_WRITE;
 }
 
+/*
+ * What handshakes cost the guest (the stats line): each finished handshake's
+ * time in mbedTLS's steps (its own work, the copies into lwIP included, never
+ * the waits for the peer), the last HS_SAMPLES of them, and the total per
+ * handshake state over all of them (which step the time goes to).
+ */
+#define HS_SAMPLES 512
+#define HS_STATES 32
+#define HS_SHOWN_NS (10 * 1000) /* steps of 10 us or more a handshake are shown */
+static uint32_t hs_us[HS_SAMPLES];
+static uint64_t hs_count, hs_state_ns[HS_STATES];
+
+static void hs_record(uint64_t ns)
+{
+    hs_us[hs_count++ % HS_SAMPLES] = (uint32_t)(ns / 1000);
+}
+
+void tls_log_stats(void)
+{
+    static uint32_t v[HS_SAMPLES];
+    uint32_t n = hs_count < HS_SAMPLES ? (uint32_t)hs_count : HS_SAMPLES;
+    if (!n)
+        return;
+    memcpy(v, hs_us, n * sizeof *v);
+    for (uint32_t i = 1; i < n; i++) { /* insertion sort: at most 512, only at a stats line */
+        uint32_t x = v[i], j = i;
+        for (; j && v[j - 1] > x; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
+    platform_printf("orisha: tls handshakes %lu pooled_keys %lu median_us %u p90_us %u min_us %u "
+                    "steps_us", (unsigned long)hs_count, (unsigned long)keys_pooled, v[n / 2],
+                    v[n * 9 / 10], v[0]);
+    for (int st = 0; st < HS_STATES; st++)
+        if (hs_state_ns[st] / hs_count >= HS_SHOWN_NS)
+            platform_printf(" %d:%lu", st, (unsigned long)(hs_state_ns[st] / hs_count / 1000));
+    platform_printf("\n");
+}
+
 /* Drive the handshake: 1 done, 0 waiting, TLS_CLOSED/TLS_FAILED. A failed one has
- * sent its alert (mbedTLS does) and the connection closes. */
+ * sent its alert (mbedTLS does) and the connection closes. mbedtls_ssl_handshake's
+ * own loop, step by step, timed (see hs_record). */
 int tls_handshake(struct tls *t)
 {
     if (mbedtls_ssl_is_handshake_over(&t->ssl))
         return 1;
-    int ret = mbedtls_ssl_handshake(&t->ssl);
-    if (ret == 0)
+    int ret = 0;
+    while (!mbedtls_ssl_is_handshake_over(&t->ssl)) {
+        int st = t->ssl.MBEDTLS_PRIVATE(state);
+        uint64_t t0 = platform_now_ns();
+        ret = mbedtls_ssl_handshake_step(&t->ssl);
+        uint64_t dt = platform_now_ns() - t0;
+        t->hs_ns += dt;
+        if (st >= 0 && st < HS_STATES)
+            hs_state_ns[st] += dt;
+        if (ret != 0)
+            break;
+    }
+    if (ret == 0) {
+        hs_record(t->hs_ns);
         return 1;
+    }
     if (waiting(ret))
         return 0;
     if (ret == MBEDTLS_ERR_SSL_CONN_EOF)

@@ -24,9 +24,16 @@ struct pbuf;
 #define TLS_CLOSED (-1)
 #define TLS_FAILED (-2)
 
-/* 1 if this kernel serves TLS: parses the linked certificate and key (PANICs on
- * bad ones: the build checked them) and seeds the random generator. */
-int tls_init(void);
+/* What one connection may take from the TLS heap: a session in its handshake
+ * (about 40 KB with two 16 KiB record buffers, more while the handshake runs)
+ * and an HTTP/2 connection's state (h2_size(), reserved at admission). */
+#define TLS_SLOT (80u * 1024)
+/* 1 if this kernel serves TLS: takes heap_bytes of guest RAM for mbedTLS's heap,
+ * parses the linked certificate and key (PANICs on bad ones: the build checked
+ * them) and seeds the random generator. A kernel without TLS returns 0. */
+int tls_init(size_t heap_bytes);
+/* 1 in a kernel linked with mbedTLS (tls.c), 0 in one without (tls_none.c). */
+int tls_built(void);
 /* A session for a new connection reading ciphertext from *in (and the peer's
  * FIN from *eof); NULL when the TLS heap is full. */
 struct tls *tls_new(struct tcp_pcb *pcb, struct pbuf **in, const uint8_t *eof);
@@ -43,6 +50,13 @@ long tls_write(struct tls *t, const uint8_t *p, size_t n, size_t room);
 void tls_close_notify(struct tls *t);
 /* Still in the handshake (bounded by the head timeout, as the Python layer). */
 int tls_handshaking(const struct tls *t);
+/* The handshake got past the ClientHello: our flight is out, the client's turn. */
+int tls_replied(const struct tls *t);
+/* Work for an idle loop: makes one ephemeral ECDHE key for a later handshake
+ * if a pool is short (tls.c); 1 if it did. */
+int tls_prepare(void);
+/* A stats line of what handshakes cost the guest (median, per step), if any finished. */
+void tls_log_stats(void);
 /* Drive the handshake: 1 done, 0 waiting for lwIP, TLS_CLOSED or TLS_FAILED. */
 int tls_handshake(struct tls *t);
 /* After the handshake: whether ALPN chose "h2" (RFC 7301; RFC 9113 §3.2). */
