@@ -516,7 +516,7 @@ def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
         tx.setblocking(False)
         to = rx.getsockname()
         sizes = [1200] * 5 + [700, 1200, 1200, 300, 500]  # a shorter one ends each group
-        ep._gather(None, [(bytes([i]) * n, to) for i, n in enumerate(sizes)])
+        h3._gather(ep.out, [(bytes([i]) * n, to) for i, n in enumerate(sizes)])
         assert [(len(p), seg) for p, _, seg in ep.outgoing] == [(6700, 1200), (2700, 1200),
                                                                  (500, 0)]
         pump = Pump(Datagrams(tx, ep))

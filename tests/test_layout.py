@@ -39,6 +39,23 @@ def test_no_function_in_orisha_is_longer_than_60_lines():
     assert not long, long
 
 
+def test_no_class_in_orisha_is_longer_than_250_lines():
+    """One class per concern (issue 34: the supervisor was 343 lines of six). The compiled
+    protocol state machines are the exception: a module with a .pxd beside it (the core's
+    Connection, HTTP/2's H2Connection) is compiled whole, where a class split in two costs
+    a call through Python objects on every frame."""
+    long = []
+    for path in _python_files():
+        if os.path.exists(path[:-3] + ".pxd"):
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250:
+                long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
+
+
 def test_every_python_folder_is_a_package():
     for dirpath, dirs, names in os.walk(ORISHA):
         dirs[:] = [d for d in dirs if d != "__pycache__"]

@@ -281,7 +281,13 @@ def _error(status: int) -> Plan:
 
 
 class _Conn:
-    """One QUIC connection and what it still has to send."""
+    """One QUIC connection: its HTTP/3 requests, their answers and what it still has to send.
+
+    Strategy: the endpoint routes datagrams and timers to a connection and hands it the
+    HTTP/3 events (``request``); the connection asks its site for the plan (``app.plans``,
+    ``app.plan``: the core's one answer), sends the build's QPACK section and the body,
+    feeds large bodies as their stream's send buffer drains (``feed``), and holds the time
+    limits HTTP/1.1 and HTTP/2 have (``timed_out``)."""
     __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
                  "counted", "handshaking", "app", "since")
 
@@ -298,6 +304,165 @@ class _Conn:
         self.handshaking = True
         self.since = 0.0  # the last progress of its requests (a request, body bytes queued)
 
+    def timed_out(self, now: float) -> bool:
+        """The limits of HTTP/1.1 and HTTP/2 on a connection QUIC keeps alive (a client's
+        PINGs reset QUIC's idle timer): bodies that move nothing for ``send_timeout``,
+        a request stream whose HEADERS does not come whole within ``head_timeout`` (as
+        h2: the connection, H3_EXCESSIVE_LOAD), and a connection with no request for
+        ``idle_timeout`` (GOAWAY, closed once drained; RFC 9114 §5.1)."""
+        if self.handshaking or self.goaway or self.h3._is_done:
+            return False  # QUIC's own idle timeout; draining; closing
+        limits, waited = self.app.limits, now - self.since
+        if self.pending:
+            if waited <= limits.send_timeout:
+                return False
+        elif any(sid % 4 == 0 and st.headers_recv_state == HeadersState.INITIAL
+                 for sid, st in self.h3._stream.items()):
+            if waited <= limits.head_timeout:
+                return False
+        elif waited > limits.idle_timeout:
+            self.go_away()
+            return True
+        else:
+            return False
+        self.h3._is_done = True
+        self.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
+                     reason_phrase="no progress within the time limit")
+        return True
+
+    def go_away(self) -> None:
+        if not self.goaway and self.h3._local_control_stream_id is not None:
+            self.goaway = True
+            # The first request stream we will not answer: one past the last we took.
+            self.quic.send_stream_data(self.h3._local_control_stream_id,
+                                    encode_frame(FrameType.GOAWAY, encode_uint_var(self.last_sid + 4)))
+
+    def bounded(self, st) -> None:
+        """H3_EXCESSIVE_LOAD for a stream (aioquic's ``H3Stream``) whose HTTP/3 layer
+        holds, or waits to hold, more than ``FRAME_HEADS`` heads: a frame that is parsed
+        whole (aioquic buffers one without limit) or the bytes queued behind a field
+        section QPACK-blocked."""
+        if self.h3._is_done:
+            return
+        most = FRAME_HEADS * self.app.limits.head
+        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size > most):
+            self.h3._is_done = True  # as aioquic's own protocol errors leave it
+            self.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
+                         reason_phrase="frame or buffered stream data too large")
+
+    def request(self, h: HeadersReceived, now: float) -> None:
+        sid = h.stream_id
+        stream = self.h3._stream.get(sid)
+        if stream is not None and stream.headers_recv_state == HeadersState.AFTER_TRAILERS:
+            return  # trailers of a request already answered: nothing to do
+        if self.goaway and sid > self.last_sid:
+            self.quic.reset_stream(sid, ErrorCode.H3_REQUEST_REJECTED)  # §5.2: after our GOAWAY
+            return
+        self.last_sid = max(self.last_sid, sid)
+        self.since = now
+        head, line = _synthetic_head(h.headers)
+        app = self.app
+        if head is None:  # malformed (RFC 9114 §4.1.2): a stream error
+            self.quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
+            return
+        if len(head) > app.limits.head:
+            plan = _error(431)
+        else:
+            plan = app.plans.get(head)
+            if plan is None:
+                plan = app.plan(head)
+        self.respond(sid, plan, line[:-8] + b"HTTP/3.0", now, head)
+        if not h.stream_ended:  # §4.1: answered before the request ended; it need not go on
+            self.quic.stop_stream(sid, ErrorCode.H3_NO_ERROR)
+
+    def respond(self, sid: int, plan, line: bytes, now: float,
+                 request: bytes = b"") -> None:
+        head, _, body, _, _, status, stats = plan
+        app = self.app
+        if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
+            stats = app.counts
+        stats[Stat.REQUESTS] += 1
+        stats[Stat.RESPONSE_BYTES] += len(body)
+        if status >= 400:
+            stats[Stat.ERROR[status]] += 1
+        if app.log_lines is not None:
+            app.log_lines.append(log_line(self.peer, now, line, status, len(body),
+                                          b"" if app.hosts is None else app.hosts.label(request)))
+        section = _SECTIONS.get(head) + _date_field(now)
+        frames = encode_frame(FrameType.HEADERS, section)
+        if _SECTIONS.early:
+            # RFC 8297, RFC 9114 §4.1: the 103 of a page with early hints, its HEADERS
+            # frame made when the site was taken, on the stream before the 200's.
+            frames = _SECTIONS.early.get(head, b"") + frames
+        if not body:
+            self.quic.send_stream_data(sid, frames, True)
+            return
+        size = len(body)
+        frames += encode_uint_var(FrameType.DATA) + encode_uint_var(size)
+        if size <= _STREAM_AHEAD:  # the common case: the whole response in one write
+            self.quic.send_stream_data(sid, frames + (body.view if body.__class__ is FileRegion
+                                                   else body), True)
+            return
+        self.quic.send_stream_data(sid, frames)
+        self.pending[sid] = [body.view if body.__class__ is FileRegion else memoryview(body), 0]
+
+    def feed(self, now: float) -> None:
+        """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""
+        streams = self.quic._streams
+        for sid, p in list(self.pending.items()):
+            stream = streams.get(sid)
+            if stream is None or stream.sender._reset_error_code is not None:
+                del self.pending[sid]  # reset by the peer (STOP_SENDING) or gone
+                continue
+            view, pos = p
+            room = _STREAM_AHEAD - len(stream.sender._buffer)
+            if room <= 0:
+                continue
+            end = min(len(view), pos + room)
+            self.quic.send_stream_data(sid, bytes(view[pos:end]), end == len(view))
+            self.since = now
+            if end == len(view):
+                del self.pending[sid]
+            else:
+                p[1] = end
+
+
+class _Timers:
+    """Every connection's next QUIC timer in one heap of (deadline, seq, connection): a
+    connection's newer deadline is pushed beside its old entry, which is skipped as stale
+    (its deadline is no longer the connection's ``timer``)."""
+
+    def __init__(self) -> None:
+        self.heap: list = []
+        self.seq = itertools.count()  # ties: connections are never compared
+
+    def next(self) -> float | None:
+        heap = self.heap
+        while heap and heap[0][0] != heap[0][2].timer:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def due(self, now: float) -> list:
+        """The connections whose timer is due, each taken off (its ``timer`` None)."""
+        heap, due = self.heap, []
+        while heap and heap[0][0] <= now:
+            t, _, c = heapq.heappop(heap)
+            if t == c.timer:
+                c.timer = None
+                due.append(c)
+        return due
+
+    def set(self, c: "_Conn", t: float | None, live: int) -> None:
+        if t == c.timer:
+            return
+        c.timer = t
+        if t is not None:
+            heap = self.heap
+            heapq.heappush(heap, (t, c.seq, c))
+            if len(heap) > 4 * live + 1024:  # stale entries: keep it bounded
+                heap[:] = [e for e in heap if e[0] == e[2].timer]
+                heapq.heapify(heap)
+
 
 class Endpoint:
     """Every HTTP/3 connection of one worker: the datagram contract of ``loops/base.py``."""
@@ -308,8 +473,7 @@ class Endpoint:
         self.conns: dict[bytes, _Conn] = {}  # connection ID → connection
         self.live: set[_Conn] = set()
         self.out: list = []
-        self.heap: list = []  # (deadline, seq, connection), stale entries skipped
-        self.seq = itertools.count()
+        self.timers = _Timers()
         self.stopping = False
         self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
         self.retry_above = RETRY_ABOVE
@@ -336,10 +500,7 @@ class Endpoint:
 
     @property
     def timer(self) -> float | None:
-        heap = self.heap
-        while heap and heap[0][0] != heap[0][2].timer:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        return self.timers.next()
 
     def receive(self, batch: list, now: float, handed: bool = False) -> None:
         """``handed``: the batch came from another worker (never handed on again)."""
@@ -355,14 +516,7 @@ class Endpoint:
             self._process(c, now)
 
     def expire(self, now: float) -> None:
-        heap = self.heap
-        due = []
-        while heap and heap[0][0] <= now:
-            t, _, c = heapq.heappop(heap)
-            if t == c.timer:
-                c.timer = None
-                due.append(c)
-        for c in due:
+        for c in self.timers.due(now):
             c.quic.handle_timer(now)
             self._process(c, now)
 
@@ -372,34 +526,8 @@ class Endpoint:
                 self._process(c, now)
             return
         for c in list(self.live):
-            if self._timed_out(c, now):
+            if c.timed_out(now):
                 self._process(c, now)
-
-    def _timed_out(self, c: _Conn, now: float) -> bool:
-        """The limits of HTTP/1.1 and HTTP/2 on a connection QUIC keeps alive (a client's
-        PINGs reset QUIC's idle timer): bodies that move nothing for ``send_timeout``,
-        a request stream whose HEADERS does not come whole within ``head_timeout`` (as
-        h2: the connection, H3_EXCESSIVE_LOAD), and a connection with no request for
-        ``idle_timeout`` (GOAWAY, closed once drained; RFC 9114 §5.1)."""
-        if c.handshaking or c.goaway or c.h3._is_done:
-            return False  # QUIC's own idle timeout; draining; closing
-        limits, waited = c.app.limits, now - c.since
-        if c.pending:
-            if waited <= limits.send_timeout:
-                return False
-        elif any(sid % 4 == 0 and st.headers_recv_state == HeadersState.INITIAL
-                 for sid, st in c.h3._stream.items()):
-            if waited <= limits.head_timeout:
-                return False
-        elif waited > limits.idle_timeout:
-            self._go_away(c)
-            return True
-        else:
-            return False
-        c.h3._is_done = True
-        c.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
-                     reason_phrase="no progress within the time limit")
-        return True
 
     def shutdown(self, now: float) -> None:
         """GOAWAY on every connection (RFC 9114 §5.2); each closes once drained."""
@@ -408,7 +536,7 @@ class Endpoint:
             if c.handshaking:  # no request can have come yet: close now, not at the idle timeout
                 c.quic.close(error_code=ErrorCode.H3_NO_ERROR)
             else:
-                self._go_away(c)
+                c.go_away()
             self._process(c, now)
 
     def close(self) -> None:
@@ -422,7 +550,7 @@ class Endpoint:
         self.live.clear()
         self.handshaking = 0
         self.conns.clear()
-        self.heap.clear()
+        self.timers.heap.clear()
         self.out.clear()
 
     # -- connections -------------------------------------------------------------
@@ -512,7 +640,7 @@ class Endpoint:
         quic = _Quic(configuration=self.config, original_destination_connection_id=original,
                      retry_source_connection_id=retried, steer=self.steer,
                      tickets=self.config.tickets)
-        c = _Conn(quic, addr[0], next(self.seq), app)
+        c = _Conn(quic, addr[0], next(self.timers.seq), app)
         c.since = now
         self.handshaking += 1
         for cid in (header.destination_cid, quic.host_cid):
@@ -549,42 +677,21 @@ class Endpoint:
             else:
                 for h in h3.handle_event(event):
                     if h.__class__ is HeadersReceived:
-                        self._request(c, h, now)
+                        c.request(h, now)
                 if cls is StreamDataReceived:
                     st = h3._stream.get(event.stream_id)
                     if st is not None and (st.buffer or st.frame_size is not None):
-                        self._bounded(c, st)  # a frame is still coming
+                        c.bounded(st)  # a frame is still coming
             event = quic.next_event()
         if c.pending:
-            self._feed(c, now)
+            c.feed(now)
         if c.goaway and not c.pending and not quic._close_pending and _drained(quic):
             quic.close(error_code=ErrorCode.H3_NO_ERROR)  # §5.2: every response delivered
-        self._gather(c, quic.datagrams_to_send(now))
+        _gather(self.out, quic.datagrams_to_send(now))
         if ended:
             self._forget(c)
             return
-        t = quic.get_timer()
-        if t != c.timer:
-            c.timer = t
-            if t is not None:
-                heap = self.heap
-                heapq.heappush(heap, (t, c.seq, c))
-                if len(heap) > 4 * len(self.live) + 1024:  # stale entries: keep it bounded
-                    heap[:] = [e for e in heap if e[0] == e[2].timer]
-                    heapq.heapify(heap)
-
-    def _bounded(self, c: _Conn, st) -> None:
-        """H3_EXCESSIVE_LOAD for a stream (aioquic's ``H3Stream``) whose HTTP/3 layer
-        holds, or waits to hold, more than ``FRAME_HEADS`` heads: a frame that is parsed
-        whole (aioquic buffers one without limit) or the bytes queued behind a field
-        section QPACK-blocked."""
-        if c.h3._is_done:
-            return
-        most = FRAME_HEADS * c.app.limits.head
-        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size > most):
-            c.h3._is_done = True  # as aioquic's own protocol errors leave it
-            c.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
-                         reason_phrase="frame or buffered stream data too large")
+        self.timers.set(c, quic.get_timer(), len(self.live))
 
     def _forget(self, c: _Conn) -> None:
         for cid in c.cids:
@@ -599,107 +706,25 @@ class Endpoint:
             self.app.open -= 1
             c.counted = False
 
-    def _go_away(self, c: _Conn) -> None:
-        if not c.goaway and c.h3._local_control_stream_id is not None:
-            c.goaway = True
-            # The first request stream we will not answer: one past the last we took.
-            c.quic.send_stream_data(c.h3._local_control_stream_id,
-                                    encode_frame(FrameType.GOAWAY, encode_uint_var(c.last_sid + 4)))
 
-    def _gather(self, c: _Conn, datagrams: list) -> None:
-        """Queue ``datagrams``, runs of one size to one address as GSO groups (base.py)."""
-        out = self.out
-        i, n = 0, len(datagrams)
-        while i < n:
-            data, addr = datagrams[i]
-            size = len(data)
-            j = i + 1
-            while (j < n and j - i < _GSO_SEGMENTS and datagrams[j][1] == addr
-                   and (j - i + 1) * size <= _GSO_BYTES and len(datagrams[j - 1][0]) == size
-                   and len(datagrams[j][0]) <= size):
-                j += 1
-            if j - i == 1:
-                out.append((data, addr, 0))
-            else:
-                out.append((b"".join(d for d, _ in datagrams[i:j]), addr, size))
-            i = j
 
-    # -- requests ---------------------------------------------------------------
-    def _request(self, c: _Conn, h: HeadersReceived, now: float) -> None:
-        sid = h.stream_id
-        stream = c.h3._stream.get(sid)
-        if stream is not None and stream.headers_recv_state == HeadersState.AFTER_TRAILERS:
-            return  # trailers of a request already answered: nothing to do
-        if c.goaway and sid > c.last_sid:
-            c.quic.reset_stream(sid, ErrorCode.H3_REQUEST_REJECTED)  # §5.2: after our GOAWAY
-            return
-        c.last_sid = max(c.last_sid, sid)
-        c.since = now
-        head, line = _synthetic_head(h.headers)
-        app = c.app
-        if head is None:  # malformed (RFC 9114 §4.1.2): a stream error
-            c.quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
-            return
-        if len(head) > app.limits.head:
-            plan = _error(431)
+def _gather(out: list, datagrams: list) -> None:
+    """Queue ``datagrams``, runs of one size to one address as GSO groups (base.py)."""
+    i, n = 0, len(datagrams)
+    while i < n:
+        data, addr = datagrams[i]
+        size = len(data)
+        j = i + 1
+        while (j < n and j - i < _GSO_SEGMENTS and datagrams[j][1] == addr
+               and (j - i + 1) * size <= _GSO_BYTES and len(datagrams[j - 1][0]) == size
+               and len(datagrams[j][0]) <= size):
+            j += 1
+        if j - i == 1:
+            out.append((data, addr, 0))
         else:
-            plan = app.plans.get(head)
-            if plan is None:
-                plan = app.plan(head)
-        self._respond(c, sid, plan, line[:-8] + b"HTTP/3.0", now, head)
-        if not h.stream_ended:  # §4.1: answered before the request ended; it need not go on
-            c.quic.stop_stream(sid, ErrorCode.H3_NO_ERROR)
+            out.append((b"".join(d for d, _ in datagrams[i:j]), addr, size))
+        i = j
 
-    def _respond(self, c: _Conn, sid: int, plan, line: bytes, now: float,
-                 request: bytes = b"") -> None:
-        head, _, body, _, _, status, stats = plan
-        app = c.app
-        if stats is None:  # not made by App.plan: the connection's site counts it (App.counts)
-            stats = app.counts
-        stats[Stat.REQUESTS] += 1
-        stats[Stat.RESPONSE_BYTES] += len(body)
-        if status >= 400:
-            stats[Stat.ERROR[status]] += 1
-        if app.log_lines is not None:
-            app.log_lines.append(log_line(c.peer, now, line, status, len(body),
-                                          b"" if app.hosts is None else app.hosts.label(request)))
-        section = _SECTIONS.get(head) + _date_field(now)
-        frames = encode_frame(FrameType.HEADERS, section)
-        if _SECTIONS.early:
-            # RFC 8297, RFC 9114 §4.1: the 103 of a page with early hints, its HEADERS
-            # frame made when the site was taken, on the stream before the 200's.
-            frames = _SECTIONS.early.get(head, b"") + frames
-        if not body:
-            c.quic.send_stream_data(sid, frames, True)
-            return
-        size = len(body)
-        frames += encode_uint_var(FrameType.DATA) + encode_uint_var(size)
-        if size <= _STREAM_AHEAD:  # the common case: the whole response in one write
-            c.quic.send_stream_data(sid, frames + (body.view if body.__class__ is FileRegion
-                                                   else body), True)
-            return
-        c.quic.send_stream_data(sid, frames)
-        c.pending[sid] = [body.view if body.__class__ is FileRegion else memoryview(body), 0]
-
-    def _feed(self, c: _Conn, now: float) -> None:
-        """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""
-        streams = c.quic._streams
-        for sid, p in list(c.pending.items()):
-            stream = streams.get(sid)
-            if stream is None or stream.sender._reset_error_code is not None:
-                del c.pending[sid]  # reset by the peer (STOP_SENDING) or gone
-                continue
-            view, pos = p
-            room = _STREAM_AHEAD - len(stream.sender._buffer)
-            if room <= 0:
-                continue
-            end = min(len(view), pos + room)
-            c.quic.send_stream_data(sid, bytes(view[pos:end]), end == len(view))
-            c.since = now
-            if end == len(view):
-                del c.pending[sid]
-            else:
-                p[1] = end
 
 
 def _drained(quic: QuicConnection) -> bool:
