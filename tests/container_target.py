@@ -151,7 +151,7 @@ def pod_constraints() -> tuple[str, list[str]]:
     the pod: its user, read-only root, the /tmp volume, no capabilities or privilege
     escalation, its CPU and memory limits, and the worker count it derives from them."""
     import yaml
-    with open(os.path.join(ROOT, "deploy", "kubernetes", "deployment.yaml")) as f:
+    with open(os.path.join(ROOT, "deploy", "kubernetes", "base", "deployment.yaml")) as f:
         pod = yaml.safe_load(f)["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     sec, csec, limits = pod["securityContext"], c["securityContext"], c["resources"]["limits"]

@@ -173,7 +173,7 @@ def test_the_tls_overlays_publish_the_udp_port_alt_svc_names(overlay):
     import yaml
     from conftest import ROOT
     from orisha.targets.container import runtime
-    folder = os.path.join(ROOT, "deploy", "kubernetes", overlay)
+    folder = os.path.join(ROOT, "deploy", "kubernetes", "overlays", overlay)
     with open(os.path.join(folder, "deployment-patch.yaml")) as f:
         (c,) = yaml.safe_load(f)["spec"]["template"]["spec"]["containers"]
     with open(os.path.join(folder, "kustomization.yaml")) as f:
