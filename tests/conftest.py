@@ -47,9 +47,18 @@ os.environ.setdefault("ORISHA_CACHE", os.path.join(ROOT, ".pytest_cache", "orish
 BUILD_ARGS = os.environ.get("ORISHA_TEST_BUILD_ARGS", "").split()
 
 
+def with_build_args(args) -> tuple:
+    """A build's arguments with ``BUILD_ARGS`` added unless it chooses its dictionaries
+    (every build of the suite goes through here: this, and the image's and the container's
+    in tests/unikernel_target.py and tests/container_target.py)."""
+    if not {"--dictionaries", "--no-dictionaries"} & set(args):
+        return (*args, *BUILD_ARGS)
+    return tuple(args)
+
+
 def orisha(*args: str, **kw) -> subprocess.CompletedProcess:
-    if args[:1] == ("build",) and not {"--dictionaries", "--no-dictionaries"} & set(args):
-        args = (*args, *BUILD_ARGS)
+    if args[:1] == ("build",):
+        args = with_build_args(args)
     return subprocess.run([PYTHON, "-m", "orisha.cli", *args], capture_output=True,
                           text=True, cwd=RUN_DIR, timeout=kw.pop("timeout", 600), **kw)
 

@@ -62,8 +62,9 @@ def build(site_dir: str, build_opts: list[str]) -> tuple[str, str]:
         ensure_docker()
         h = hashlib.blake2b(repr(key).encode(), digest_size=6).hexdigest()
         out = os.path.join(_WORK, h)
+        from conftest import with_build_args
         r = subprocess.run([sys.executable, "-m", "orisha.cli", "build", site_dir, "-o", out,
-                            "--target", "container", *build_opts],
+                            "--target", "container", *with_build_args(build_opts)],
                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
         if r.returncode:
             raise RuntimeError(f"orisha build --target container failed: {r.stderr}")

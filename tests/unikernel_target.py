@@ -61,8 +61,9 @@ class Booted:
 
 
 def build(site_dir: str, build_opts: list[str], out: str) -> None:
+    from conftest import with_build_args
     r = subprocess.run([sys.executable, "-m", "orisha.cli", "build", site_dir, "-o", out,
-                        "--loop", "unikernel", *build_opts],
+                        "--loop", "unikernel", *with_build_args(build_opts)],
                        capture_output=True, text=True, cwd=ROOT, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"unikernel build failed: {r.stderr.strip()}")
