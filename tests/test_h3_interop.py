@@ -97,17 +97,20 @@ def test_forty_streams_on_one_connection(server, site, tmp_path):
 def test_transfer_loss_each_way(server, site, tmp_path):
     """20 % of datagrams dropped each way (the client's -t/-r) through a 1 MB download."""
     gtls(server.port, ["mid.bin"], tmp_path / "d", "-t", "0.2", "-r", "0.2",
-         "--handshake-timeout=60s", timeout=90)
+         "--handshake-timeout=60s", "--timeout=30s", timeout=120)
     same(tmp_path / "d", site[1], ["mid.bin"])
 
 
 def test_handshake_loss_each_way(server, site, tmp_path):
     """30 % dropped each way, handshakes included: five connections, each gets its page.
     A handshake then takes a few probe timeouts (2.5 s on average here, at times over the
-    client's default 10 s handshake timeout): the client waits up to 60 s."""
+    client's default 10 s handshake timeout): the client waits up to 60 s. Its idle timeout
+    too is raised to the server's 30 s (`--timeout`, the last one given wins): a probe that is
+    lost again and again backs off exponentially (RFC 9002 §6.2.1), and once in a CI run the
+    answer to a request came after the client's 20 s of silence (ERR_IDLE_CLOSE)."""
     for i in range(5):
         gtls(server.port, ["index.html"], tmp_path / f"d{i}", "-t", "0.3", "-r", "0.3",
-             "--handshake-timeout=60s", timeout=90)
+             "--handshake-timeout=60s", "--timeout=30s", timeout=120)
         same(tmp_path / f"d{i}", site[1], ["index.html"])
 
 
