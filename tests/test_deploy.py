@@ -249,7 +249,8 @@ def test_the_acme_overlay_renders_one_replica_with_its_state_volume():
     spec = objs["Deployment"]["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     args = _env_args(c)
-    assert args.domains is None or args.domains  # DOMAINS from the env is read at run time
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DOMAINS"] and args.acme_email  # what the executable orders a certificate for
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["state"] == args.state
     (claim,) = [v for v in spec["template"]["spec"]["volumes"] if v["name"] == "state"]

@@ -102,18 +102,18 @@ class Stat:
 
 
 class Range(NamedTuple):
-    """The values a numeric option accepts, both ends included (``high`` None: no upper end).
+    """The values a numeric option accepts, both ends included.
 
     ``parse`` reads a command-line value by the one grammar every front end uses (click,
     the container's argparse): optional ``-``, decimal digits, and for a float a fraction —
     not Python's ``int``/``float`` quirks (``1_000``, ``nan``, ``inf``, ``0x10``).
     """
     low: int | float
-    high: int | float | None
+    high: int | float
     kind: type = int
 
     def text(self) -> str:
-        return f"{self.low}–{self.high}" if self.high is not None else f"≥ {self.low}"
+        return f"{self.low}–{self.high}"
 
     def parse(self, text: str, name: str) -> int | float:
         """The value of ``text``, or ValueError with one line naming ``name`` and the range."""
@@ -122,7 +122,7 @@ class Range(NamedTuple):
             what = "an integer" if self.kind is int else "a number"
             raise ValueError(f"{name} {text!r}: not {what} (expected {self.text()})")
         value = self.kind(text.strip())
-        if value < self.low or (self.high is not None and value > self.high):
+        if not self.low <= value <= self.high:
             raise ValueError(f"{name} {text.strip()}: out of range (expected {self.text()})")
         return value
 

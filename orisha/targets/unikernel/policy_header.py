@@ -66,8 +66,7 @@ def _limits() -> list[str]:
         default = round(limit.default * scale)
         rows.append(f"    X({limit.attr}, {default}ull, {scale})")
         low, high = limit.range.low, limit.range.high
-        ranges.append(f"    X({limit.attr}, {round(low * scale)}ull, "
-                      f"{str(round(high * scale)) + 'ull' if high is not None else 'UINT64_MAX'})")
+        ranges.append(f"    X({limit.attr}, {round(low * scale)}ull, {round(high * scale)}ull)")
         defaults.append(f"#define POLICY_DEFAULT_{limit.attr.upper()} {default}ull")
     return ["/* The limits the kernel takes (policy.LIMITS): X(name, default, scale), read",
             " * from orisha.<name>=<value> on the command line and held as value x scale",
