@@ -668,8 +668,16 @@ def test_chromium_reports_the_early_hints_and_the_preload_they_start(builds, pki
         got = {e["params"]["requestId"]: e["params"]["response"] for e in events
                if e["method"] == "Network.responseReceived"}
         return hints, css, got
-    hints, css, got = summary(_chromium_network(builds["notfound"], pki, tmp_path, "/docs/"))
-    assert hints == [{"link": "</css/site.css>; rel=preload; as=style"}]
+    # Once in a CI run (the machine at full load) Chromium's DevTools reported the page and
+    # its stylesheet but no responseReceivedEarlyHints: a second load decides, and a build
+    # without hints fails both.
+    for attempt in range(2):
+        events = _chromium_network(builds["notfound"], pki, tmp_path, "/docs/")
+        hints, css, got = summary(events)
+        if hints:
+            break
+    assert hints == [{"link": "</css/site.css>; rel=preload; as=style"}], \
+        [e["method"] for e in events]
     assert len(css) == 1 and css[0]["initiator"]["type"] == "other", css
     assert got[css[0]["requestId"]]["status"] == 200
     assert got[css[0]["requestId"]]["protocol"] == "h2"
