@@ -222,12 +222,14 @@ def _limit_options(f):
 @click.option("--state", metavar="DIR", help="ACME state: account key, certificate and key "
               "[default: $ORISHA_STATE or ~/.local/share/orisha].")
 @click.option("--no-http3", is_flag=True, help="With TLS: no HTTP/3 on the same port over UDP.")
+@click.option("--quic-retry", is_flag=True, help="HTTP/3: every new client first proves its "
+              "address with a Retry (RFC 9000 §8.1.2) [default: only during a flood of handshakes].")
 @_limit_options
 def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_log, admin_port,
           admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
           acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
-    http3 = not limits.pop("no_http3")
+    http3, quic_retry = not limits.pop("no_http3"), limits.pop("quic_retry")
     from .server import LOOPBACK, hosts_of
     host = hosts_of(hosts) if hosts else LOOPBACK  # both loopback families (::1 where it exists)
     acme_sites = bool(sites) and bool(acme_email) and not tls_cert  # each site's names
@@ -254,7 +256,7 @@ def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_l
                  admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
                  sites=pairs, http_port=http_port, hsts=hsts, domains=domains,
                  acme_email=acme_email, acme_directory=acme_directory, acme_ca=acme_ca,
-                 state=state, http3=http3))
+                 state=state, http3=http3, quic_retry=quic_retry))
 
 
 def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]]:

@@ -215,7 +215,8 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
         admin_host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None,
         tls_min: str = "1.2", sites=None, http_port: int | None = None, hsts: int | None = None,
         domains=(), acme_email: str | None = None, acme_directory: str | None = None,
-        acme_ca: str | None = None, state: str | None = None, http3: bool = True) -> int:
+        acme_ca: str | None = None, state: str | None = None, http3: bool = True,
+        quic_retry=False) -> int:
     """Serve ``build_dir`` (a build folder, or an already-loaded ``Site``: the container).
 
     ``host``: one address or several (``hosts_of``); ``workers`` in all, spread over them
@@ -231,9 +232,8 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
     first answers unknown hosts. ``domains``: certificates from ACME (orisha/acme.py);
     with ``sites``, ``acme_email`` alone gets each site a certificate for its names.
     ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
-    HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers.
-    ``http3`` (with TLS): HTTP/3 over QUIC on the same port number over UDP
-    (orisha/protocols/h3.py), advertised by Alt-Svc on the TCP port's responses.
+    HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers. ``http3`` (TLS):
+    HTTP/3 on the port's number over UDP (h3.py; Alt-Svc); ``quic_retry``: Retry them all.
     """
     acme = _acme(domains, tls_cert, acme_email, acme_directory, acme_ca, state, tls_min,
                  http_port is not None, sites)
@@ -254,7 +254,7 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
     hosts, workers = _spread(host, workers)
     socks, plain, udp, quic, alt_svc = _ports(hosts, port, http_port, workers, limits, admin,
                                               _quic_pairs(acme, _seq(tls_cert), _seq(tls_key)) if http3
-                                              else None)
+                                              else None, quic_retry)
     https_port = socks[0].getsockname()[1]
     sup = Supervisor(site, socks, loop_cls, limits, log=log, admin=admin,
                      load=load, name=str(build_dir) if reloadable else "", protocols=protocols,
@@ -295,14 +295,14 @@ def _present(hosts: tuple, optional: tuple) -> tuple:
 
 
 def _ports(hosts: tuple, port: int, http_port: int | None, workers: int, limits: Limits,
-           admin, quic_files):
+           admin, quic_files, quic_retry: bool = False):
     """The serving listeners of every address of ``hosts`` (``workers`` per address, one
     port number for all), the plain port's beside them (``http_port``), and with
     ``quic_files`` (what lists the (names, certificate, key) to serve: ``_quic_pairs``)
     HTTP/3's UDP sockets, its QUIC configuration maker and Alt-Svc. Whatever was opened is
     closed (the admin socket too) if one fails."""
     try:
-        quic = _quic(quic_files, limits) if quic_files else None
+        quic = _quic(quic_files, limits, quic_retry) if quic_files else None
         tries = PORT_TRIES if len(hosts) > 1 and 0 in (port, http_port) else 1
         for attempt in range(tries):
             try:
@@ -508,7 +508,7 @@ def _plain_app(https_port: int, acme):
     return make
 
 
-def _quic(pairs, limits: Limits):
+def _quic(pairs, limits: Limits, retry: bool = False):
     """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
     no certificate), and checks it once."""
     try:
@@ -518,7 +518,7 @@ def _quic(pairs, limits: Limits):
             from None
     from .protocols.quic_tickets import Tickets
     tickets = Tickets()  # before the fork: one table for every worker of every generation
-    make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets)  # noqa: E731
+    make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets, retry)  # noqa: E731
     make()
     return make
 

@@ -10,8 +10,8 @@ amplification limit (an Initial and then silence, from a socket of the test's ow
 2 workers a new 4-tuple (migration, rebinding) may hash to the other worker's socket:
 connection-ID steering (orisha/protocols/quic_steer.py) hands its datagrams back.
 Resumption and 0-RTT: aioquic's client (whose TLS says whether it resumed and whether its
-early data was accepted) and ngtcp2's. Not here: retry (sent only past 64 handshakes in
-progress).
+early data was accepted) and ngtcp2's. Retry: a server started with --quic-retry (without
+it a Retry is sent only while handshakes flood in).
 """
 
 from __future__ import annotations
@@ -125,6 +125,25 @@ def test_chacha20(server, site, tmp_path):
                "--ciphers=NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL:+CHACHA20-POLY1305")
     assert "Negotiated cipher suite is CHACHA20-POLY1305" in log
     same(tmp_path / "d", site[1], ["big.bin"])
+
+
+def test_retry_then_a_transfer(server, site, pki, tmp_path, request):
+    """The interop runner's retry case: with --quic-retry every new client gets a Retry
+    (RFC 9000 §8.1.2), comes back with its token on either of 2 workers, and the server's
+    transport parameters carry the Retry's connection ID (§7.3); without it (the module's
+    server) none, as long as handshakes are not flooding in."""
+    loop = request.node.callspec.params["server"]  # the module server's loop
+    s = serve(site[0], "--loop", loop, "--workers", "2", "--quic-retry",
+              "--tls-cert", pki.chain, "--tls-key", pki.key)
+    try:
+        for i in range(3):
+            log = gtls(s.port, ["mid.bin"], tmp_path / f"d{i}")
+            assert " type=Retry " in log and "retry_source_connection_id=" in log, log[-3000:]
+            same(tmp_path / f"d{i}", site[1], ["mid.bin"])
+    finally:
+        assert s.stop() == 0
+    log = gtls(server.port, ["index.html"], tmp_path / "plain")
+    assert " type=Retry " not in log and "retry_source_connection_id=" not in log
 
 
 def test_connection_migration_mid_transfer(server, site, tmp_path):

@@ -124,6 +124,7 @@ class ServerConfiguration(QuicConfiguration):
     ``tickets``: the server's session-ticket table (quic_tickets.py), or None."""
     by_name: Callable | None = None
     tickets: object = None
+    retry: bool = False  # --quic-retry: every new client proves its address first
 
 
 def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfiguration:
@@ -137,15 +138,17 @@ def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfigurati
     return config
 
 
-def configurations(pairs, idle_timeout: float, tickets=None) -> ServerConfiguration | None:
+def configurations(pairs, idle_timeout: float, tickets=None,
+                   retry: bool = False) -> ServerConfiguration | None:
     """One configuration for several certificates, SNI choosing (``tls.by_server_name``);
     ``pairs``: (DNS names, certificate file, key file) in command-line order. None for
-    none (ACME before its first certificate: HTTP/3 is not answered yet)."""
+    none (ACME before its first certificate: HTTP/3 is not answered yet). ``retry``: a
+    Retry for every new client, not only past ``RETRY_ABOVE`` handshakes in progress."""
     loaded = [(names, configuration(cert, key, idle_timeout)) for names, cert, key in pairs]
     if not loaded:
         return None
     first = loaded[0][1]
-    first.tickets = tickets
+    first.tickets, first.retry = tickets, retry
     if len(loaded) > 1:
         first.by_name = by_server_name(
             [(names, (c.certificate, c.certificate_chain, c.private_key)) for names, c in loaded])
@@ -476,7 +479,7 @@ class Endpoint:
         self.timers = _Timers()
         self.stopping = False
         self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
-        self.retry_above = RETRY_ABOVE
+        self.retry_above = 0 if config.retry else RETRY_ABOVE
         self.handshaking = 0
         self.steer = None
         self.forward: list = []  # (worker tag, datagram, address) for other workers
