@@ -259,7 +259,7 @@ def test_the_amplification_limit_before_the_address_is_validated(server, pki):
         s.close()
 
 
-def _resume(port: int, ca: str, ticket, early: bool):
+def _resume(port: int, ca: str, ticket, early: bool, method: str = "GET"):
     """One aioquic connection (with ``ticket``: resuming it; ``early``: the request sent
     before the handshake is done, as 0-RTT): (status, body, resumed, early data accepted,
     the connection's new ticket)."""
@@ -274,7 +274,7 @@ def _resume(port: int, ca: str, ticket, early: bool):
         config.load_verify_locations(ca)
         async with connect("127.0.0.1", port, configuration=config, create_protocol=_Client,
                            session_ticket_handler=got.append, wait_connected=not early) as c:
-            status, _, body, _ = await c.request("/index.html")
+            status, _, body, _ = await c.request("/index.html", method)
             for _ in range(100):  # the ticket comes after the handshake
                 if got:
                     break
@@ -295,6 +295,22 @@ def test_resumption_and_0rtt_on_any_worker(server, site, pki):
     for i in range(6):
         status, body, resumed, early, ticket = _resume(server.port, pki.ca, ticket, i % 2 == 1)
         assert (status, body, resumed, early) == (200, want, True, True), i
+
+
+def test_early_data_answers_only_safe_methods(server, site, pki):
+    """RFC 8470 §5.2: a GET or HEAD in 0-RTT is answered at once; any other method (here
+    POST, DELETE) as early data gets 425 Too Early, and the same request after the handshake
+    its usual answer (405: a static site performs neither)."""
+    want = (site[1] / "index.html").read_bytes()
+    ticket = _resume(server.port, pki.ca, None, False)[-1]
+    for method, early, expected in [("POST", True, 425), ("HEAD", True, 200),
+                                    ("DELETE", True, 425), ("POST", False, 405),
+                                    ("GET", True, 200)]:
+        status, body, resumed, accepted, ticket = _resume(server.port, pki.ca, ticket, early,
+                                                          method)
+        assert (status, resumed) == (expected, True) and (accepted or not early), (method, early)
+        if method == "GET":
+            assert body == want
 
 
 def test_resumption_with_ngtcp2s_client(server, site, tmp_path):

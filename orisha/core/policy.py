@@ -36,7 +36,8 @@ REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
            401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
            405: b"Method Not Allowed", 406: b"Not Acceptable", 408: b"Request Timeout",
            411: b"Length Required", 413: b"Content Too Large", 414: b"URI Too Long",
-           416: b"Range Not Satisfiable", 421: b"Misdirected Request", 431: b"Request Header Fields Too Large",
+           416: b"Range Not Satisfiable", 421: b"Misdirected Request", 425: b"Too Early",
+           431: b"Request Header Fields Too Large",
            501: b"Not Implemented", 503: b"Service Unavailable",
            505: b"HTTP Version Not Supported"}
 # The plain port beside a TLS port (``orisha serve --http-port`` with TLS on) answers every
@@ -45,7 +46,11 @@ REASONS = {200: b"OK", 206: b"Partial Content", 301: b"Moved Permanently",
 TO_HTTPS = 308
 ACME_CHALLENGE_PREFIX = b"/.well-known/acme-challenge/"
 # The statuses answered with a built-in plain-text error (``ERRORS`` in connection.py).
-ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 431, 501, 503, 505)
+ERROR_PAGES = (400, 403, 405, 406, 408, 411, 413, 414, 425, 431, 501, 503, 505)
+# RFC 8470 §5.2: a request that came as early data (HTTP/3's 0-RTT), which an attacker may
+# replay, is answered only when its method is one of SAFE_METHODS; the rest get this, and the
+# client sends them again once the handshake is done.
+TOO_EARLY = 425
 # RFC 9110 §15.5.20: a Host that names another site than the connection's TLS server name
 # (several sites, orisha/core/hosts.py); the connection stays open for requests it can answer.
 MISDIRECTED = 421
@@ -91,7 +96,8 @@ LINGER = 2.0
 # Counters a worker keeps, in the order they are published (shared memory, Prometheus).
 # ``open_connections`` is a gauge; the rest count up. Then one counter per error status.
 STATS = ("requests", "response_bytes", "connections", "open_connections")
-ERROR_STATUSES = (400, 401, 404, 405, 406, 408, 411, 413, 414, 416, 421, 431, 501, 503, 505)
+ERROR_STATUSES = (400, 401, 404, 405, 406, 408, 411, 413, 414, 416, 421, 425, 431, 501, 503,
+                  505)
 STATS_SLOTS = len(STATS) + len(ERROR_STATUSES)
 
 

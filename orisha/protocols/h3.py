@@ -82,7 +82,7 @@ from aioquic.tls import Alert, pull_client_hello
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
-from ..core.policy import Stat
+from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
 from ..errors import ServeError
 from .h2 import _synthetic_head  # the one request → head mapping for HTTP/2 and HTTP/3
 from .qpack_blocks import Sections, date_field
@@ -370,6 +370,8 @@ class _Conn:
             return
         if len(head) > app.limits.head:
             plan = _error(431)
+        elif self.handshaking and head[:head.find(b" ")] not in SAFE_METHODS:
+            plan = _error(TOO_EARLY)  # before the handshake completes: it came as 0-RTT
         else:
             plan = app.plans.get(head)
             if plan is None:
