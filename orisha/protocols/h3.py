@@ -481,7 +481,7 @@ class Endpoint:
         self.timers = _Timers()
         self.stopping = False
         self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
-        self.retry_above = 0 if config.retry else RETRY_ABOVE
+        self.retry_above = 0 if config is not None and config.retry else RETRY_ABOVE  # None: ACME
         self.handshaking = 0
         self.steer = None
         self.forward: list = []  # (worker tag, datagram, address) for other workers
