@@ -4,6 +4,8 @@ Strategy: the pure-Python modules are the specification and the fallback.
 When Cython and a C compiler are there, ``pip install`` also builds:
 
   orisha.loops.compiled_epoll      the epoll loop body in C (compiled_epoll.pyx)
+  orisha.loops.compiled_udp        the compiled bodies' datagram pump: recvmmsg with UDP
+                                   GRO, sendmmsg (compiled_udp.pyx; udp.py is its fallback)
   orisha.protocols.compiled_tls    TLS with OpenSSL called from C (compiled_tls.pyx; needs
                                    OpenSSL's headers, libssl-dev), the twin of tls.py
   orisha.loops.compiled_io_uring   the io_uring loop body in C against liburing's own
@@ -78,6 +80,8 @@ def extensions() -> list:
         print("orisha: pure-Python build (Cython not installed)", file=sys.stderr)
         return []
     exts = [Extension("orisha.loops.compiled_epoll", ["orisha/loops/compiled_epoll.pyx"],
+                      extra_compile_args=EXTRA),
+            Extension("orisha.loops.compiled_udp", ["orisha/loops/compiled_udp.pyx"],
                       extra_compile_args=EXTRA),
             Extension("orisha.core.connection", ["orisha/core/connection.py"],
                       extra_compile_args=EXTRA),

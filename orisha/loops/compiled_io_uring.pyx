@@ -29,10 +29,13 @@ then both are resumed when the core wants input again, so a connection never
 holds more than one read beyond the core's own limit.
 
 The datagram side (HTTP/3, ``base.py``): a one-shot ring poll on the UDP socket
-(user_data ``UDP``), re-armed after each completion, runs the pure ``udp.Pump``
-(recvfrom batches, GSO sendmsg) — per datagram the work is QUIC's, in Python
-(aioquic), so moving datagrams through ring operations would buy nothing
-measurable. The wait is cut short by the endpoint's timer.
+(user_data ``UDP``), re-armed after each completion, runs ``compiled_udp.Pump``: one
+recvmmsg per readable turn and one sendmmsg per flush, so a burst costs the poll's
+completion and one call each way. A multishot recvmsg would take the poll's place, but
+with one datagram per completion (and a provided buffer each) it makes no fewer
+transitions than one recvmmsg per burst, and the sends would still wait for their
+completions while the pump's batch already went in one call. The wait is cut short by
+the endpoint's timer.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -57,7 +60,10 @@ import socket as _socket
 
 from ..blob import FileRegion, release as release_maps
 from .base import last_accepts
-from .udp import Pump
+try:
+    from .compiled_udp import Pump
+except ImportError:  # that module alone not compiled (its build failed): the pure pump
+    from .udp import Pump
 
 cdef enum:
     IOV_MAX = 64

@@ -8,14 +8,18 @@ when it is writable (and watches for writing while that returns False), and wait
 no longer than ``wait(now)``. The endpoint (orisha/protocols/h3.py) decides
 everything else.
 
-Batching where Python allows: Python has no recvmmsg/sendmmsg, so a turn reads up
+Batching where Python allows: Python has no recvmmsg/sendmmsg, so a turn here reads up
 to ``BATCH`` datagrams with recvfrom until EAGAIN and hands them over as one batch;
 sends use UDP GSO (Linux ≥ 4.18: one ``sendmsg`` with a ``UDP_SEGMENT`` control
 message carries up to 64 datagrams of one size to one address, and the kernel
 splits them), which is where the per-datagram syscall cost goes away. GSO is
 probed at start-up (``getsockopt``) and dropped for good after a send it refuses
 (EIO from a device without checksum offload, EINVAL): the slices then go one
-``sendto`` each.
+``sendto`` each. The compiled bodies run ``compiled_udp.Pump``, this class with
+``_read`` and ``_write`` replaced by one ``recvmmsg`` (with UDP GRO) and one
+``sendmmsg`` per turn; this one turns GRO off on its socket, since it could not split
+a coalesced message. ``reads``, ``writes`` (system calls) and ``received`` (datagrams)
+count what each did.
 
 Steering (``orisha/protocols/quic_steer.py``; Linux): when the datagram side carries a
 ``Steer``, the pump also binds the worker's unix datagram socket and hands over what the
@@ -40,6 +44,7 @@ import sys
 from .base import BATCH
 
 _UDP_SEGMENT = 103  # <linux/udp.h>; Python's socket module has no name for it
+_UDP_GRO = 104  # <linux/udp.h>: coalesced receives, which only compiled_udp splits
 _SOL_UDP = getattr(socket, "SOL_UDP", 17)
 _GSO_REFUSED = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP)
 _RECORD = struct.Struct("!HH")  # a handed-over datagram: its address's length, its length
@@ -104,12 +109,19 @@ def gso_supported(sock: socket.socket) -> bool:
 class Pump:
     """Moves datagrams between one UDP socket and its endpoint (``base.py``)."""
 
-    __slots__ = ("sock", "fd", "ep", "gso", "fwd", "poll", "out_watched", "paths", "buf")
+    __slots__ = ("sock", "fd", "ep", "gso", "fwd", "poll", "out_watched", "paths", "buf",
+                 "reads", "writes", "received")
 
     def __init__(self, datagrams) -> None:
         self.sock, self.ep = datagrams.sock, datagrams.endpoint
         self.fd = self.sock.fileno()
         self.gso = gso_supported(self.sock)
+        self.reads = self.writes = self.received = 0
+        if self.gso:  # the same kernels (UDP_GRO: 5.0); a worker before may have set it
+            try:
+                self.sock.setsockopt(_SOL_UDP, _UDP_GRO, 0)
+            except OSError:  # ENOPROTOOPT: no GRO, nothing to turn off
+                pass
         self.fwd = self.poll = None
         self.out_watched = False
         steer = getattr(datagrams, "steer", None)
@@ -127,8 +139,18 @@ class Pump:
 
     def readable(self, now: float) -> bool:
         """Read one batch, hand it over, flush; False when the writes must wait."""
-        recv, batch = self.sock.recvfrom, []
+        batch = self._read()
+        if batch:
+            self.ep.receive(batch, now)
+        if self.fwd is not None:
+            self._handed(now)
+        return self.flush(now)
+
+    def _read(self) -> list:
+        """Up to ``BATCH`` (data, address) pairs: what is queued on the UDP socket."""
+        recv, batch, calls = self.sock.recvfrom, [], 0
         for _ in range(BATCH):
+            calls += 1
             try:
                 batch.append(recv(65535))
             except BlockingIOError:  # drained
@@ -137,11 +159,9 @@ class Pump:
                 continue
             except OSError:  # anything else ends the turn; the next readiness retries
                 break
-        if batch:
-            self.ep.receive(batch, now)
-        if self.fwd is not None:
-            self._handed(now)
-        return self.flush(now)
+        self.reads += calls
+        self.received += len(batch)
+        return batch
 
     def _handed(self, now: float) -> None:
         """Read what other workers handed over (``_hand_over``'s records)."""
@@ -166,34 +186,41 @@ class Pump:
         """Send what the endpoint has; False when the socket buffer filled first."""
         if self.fwd is not None and self.ep.forward:
             self._hand_over()
-        out = self.ep.outgoing
+        if not self._write(now):
+            if self.poll is not None and not self.out_watched:
+                self.out_watched = True
+                self.poll.modify(self.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+            return False
+        if self.out_watched:
+            self.out_watched = False
+            self.poll.modify(self.sock.fileno(), select.EPOLLIN)
+        return True
+
+    def _write(self, now: float) -> bool:
+        """Send ``ep.outgoing`` and report it (``ep.sent``); False when the buffer filled."""
         n = 0
-        for payload, addr, segment in out:
+        for payload, addr, segment in self.ep.outgoing:
             try:
                 self._send(payload, addr, segment)
             except BlockingIOError:  # the socket buffer is full: wait until writable
                 if n:
                     self.ep.sent(n, now)
-                if self.poll is not None and not self.out_watched:
-                    self.out_watched = True
-                    self.poll.modify(self.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
                 return False
             except OSError:  # EMSGSIZE, EHOSTUNREACH, ECONNREFUSED…: a lost datagram
                 pass
             n += 1
         if n:
             self.ep.sent(n, now)
-        if self.out_watched:
-            self.out_watched = False
-            self.poll.modify(self.sock.fileno(), select.EPOLLIN)
         return True
 
     def _send(self, payload, addr, segment: int) -> None:
         if not segment:
+            self.writes += 1
             self.sock.sendto(payload, addr)
             return
         if self.gso:
             try:
+                self.writes += 1
                 self.sock.sendmsg([payload], [(_SOL_UDP, _UDP_SEGMENT, struct.pack("=H", segment))],
                                   0, addr)
                 return
@@ -204,6 +231,7 @@ class Pump:
         view = memoryview(payload)
         for i in range(0, len(view), segment):
             # A full buffer part-way through loses the rest of this group: QUIC recovers it.
+            self.writes += 1
             self.sock.sendto(view[i:i + segment], addr)
 
     def wait(self, now: float, longest: float = 1.0) -> float:
