@@ -287,12 +287,14 @@ def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]
               help="Guest RAM [default: the image's end, bss included, + 1 MiB].")
 @_ranged("http-port", metavar="PORT", help="For an image built with --tls-cert "
               "(whose TLS port --port reaches): also forward PORT to its plain port 80 (0: a free port).")
+@_ranged("cpus", default=1, show_default=True,
+         help="vCPUs (QEMU -smp; the kernel reads the count from its command line).")
 @_limit_options
-def boot(path, host, port, accel, memory, http_port, **limits) -> None:
+def boot(path, host, port, accel, memory, http_port, cpus, **limits) -> None:
     """Boot a unikernel build (orisha build --loop unikernel) under QEMU."""
     from .targets.unikernel.boot import boot as run_boot
     sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
-                      limits=Limits(**limits), http_port=http_port))
+                      limits=Limits(**limits), http_port=http_port, cpus=cpus))
 
 
 @main.command()

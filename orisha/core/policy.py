@@ -142,6 +142,9 @@ RANGES = {
     "workers": Range(1, 1024),
     "hsts": Range(0, 1 << 31),  # max-age in seconds; 0 tells browsers to forget (RFC 6797 §6.1.1)
     "memory": Range(4, 1 << 20),  # MiB of guest RAM (the kernel and its arena need a few)
+    # `orisha boot --cpus`: the image's vCPUs. The kernel keeps a stack and a state slot per
+    # core in tables of this size (POLICY_CPUS_MAX in its generated policy.h).
+    "cpus": Range(1, 16),
     "timeout": Range(0.001, 3600.0, float),  # `orisha health` seconds
     # `orisha build --dictionaries K`: the earlier builds a dcz delta may start from (RFC
     # 9842); the upper end bounds the history a build folder carries and the deltas per file.

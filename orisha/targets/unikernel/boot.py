@@ -105,10 +105,12 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def cmdline(limits: Limits) -> str:
+def cmdline(limits: Limits, cpus: int = 1) -> str:
     """The kernel command line for the limits that differ from their defaults
-    (``orisha.<attr>=<value>``; the kernel reads the same names, see policy_header)."""
-    parts = []
+    (``orisha.<attr>=<value>``; the kernel reads the same names, see policy_header), and
+    the vCPU count beyond one: microvm has no ACPI (no MADT), so this is how the kernel
+    learns how many application processors to start."""
+    parts = [f"orisha.cpus={cpus}"] if cpus > 1 else []
     for limit, v in limits.changed():
         if limit.kernel:
             text = f"{v:.6f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(int(v))
@@ -122,7 +124,7 @@ GUEST_HTTP, GUEST_TLS = 80, 443  # the kernel's ports (unikernel/src/http.c, tls
 def qemu_command(image: str, host: str, port: int, accel: str, memory: int, append: str,
                  machine: str = "microvm", guest_port: int = GUEST_HTTP,
                  http_port: int | None = None, cpu_flags: str = "",
-                 rng: bool = True) -> list[str]:
+                 rng: bool = True, cpus: int = 1) -> list[str]:
     """The QEMU command line, the only copy: microvm with virtio-mmio (what ``orisha boot``
     runs), or pc/q35 with transitional virtio-pci devices (the drivers' PCI path). HOST:PORT
     forwards to ``guest_port``; HOST:``http_port``, if given, to the guest's port 80.
@@ -130,7 +132,8 @@ def qemu_command(image: str, host: str, port: int, accel: str, memory: int, appe
     A virtio-rng device fed from the host's /dev/urandom is the guest's second entropy
     source beside RDSEED/RDRAND (unikernel/src/virtio_rng.c), and its only one on a CPU
     model without them. ``cpu_flags`` (``-rdrand,-rdseed``) and ``rng=False`` are for
-    tests that take either away."""
+    tests that take either away. ``cpus``: ``-smp`` (the kernel hears the count from
+    ``cmdline``)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise BootError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
@@ -146,7 +149,7 @@ def qemu_command(image: str, host: str, port: int, accel: str, memory: int, appe
         raise BootError(f"machine {machine!r}: choose one of {', '.join(MACHINES)}")
     entropy = ["-object", "rng-random,filename=/dev/urandom,id=rng0",
                "-device", f"virtio-rng-{bus},rng=rng0{legacy}"] if rng else []
-    cmd = [qemu, *mach, *cpu, "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
+    cmd = [qemu, *mach, *cpu, "-smp", str(cpus), "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
            "-serial", "stdio", "-no-reboot", "-kernel", image,
            "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:{guest_port}"
            + (f",hostfwd=tcp:{host}:{http_port}-:{GUEST_HTTP}" if http_port else ""),
@@ -367,7 +370,7 @@ def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manife
 
 def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto",
          memory: int | None = None, limits: Limits | None = None, announce=print,
-         log=sys.stderr, http_port: int | None = None) -> int:
+         log=sys.stderr, http_port: int | None = None, cpus: int = 1) -> int:
     """Boot OUT's image; PORT reaches its TLS port when it has one (else port 80),
     ``http_port`` its port 80 beside TLS."""
     limits = limits or Limits()
@@ -385,8 +388,9 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
         port = free_port(host)
     if http_port == 0:
         http_port = free_port(host)
-    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits),
-                       guest_port=GUEST_TLS if tls else GUEST_HTTP, http_port=http_port)
+    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits, cpus),
+                       guest_port=GUEST_TLS if tls else GUEST_HTTP, http_port=http_port,
+                       cpus=cpus)
 
     stop, force = threading.Event(), threading.Event()
 
@@ -430,11 +434,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--machine", choices=MACHINES, default="microvm")
     ap.add_argument("--memory", type=int, metavar="MB",
                     help="default: the image's end (bss included) + 1 MiB; pc/q35 + 16, at least 64")
+    ap.add_argument("--cpus", type=int, default=1, help="vCPUs (-smp, and orisha.cpus=N)")
     ap.add_argument("--append", default="", help="kernel command line")
     a = ap.parse_args(argv)
     try:
+        append = " ".join(filter(None, [cmdline(Limits(), a.cpus), a.append]))
         cmd = qemu_command(a.image, a.host, a.port, resolve_accel(a.accel),
-                           a.memory or guest_megabytes(a.image, a.machine), a.append, a.machine)
+                           a.memory or guest_megabytes(a.image, a.machine), append, a.machine,
+                           cpus=a.cpus)
     except (BootError, OSError) as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1

@@ -52,6 +52,9 @@ def _methods_and_statuses() -> list[str]:
         % _strings(policy.NAVIGATION_DESTS),
         "/* Milliseconds a finished connection drains input for the peer's EOF (policy.LINGER). */",
         f"#define POLICY_LINGER_MS {round(policy.LINGER * 1000)}ull",
+        "/* The most cores `orisha boot --cpus` gives the image (policy.RANGES['cpus']): the",
+        " * size of the kernel's per-core tables; orisha.cpus=N on the command line. */",
+        f"#define POLICY_CPUS_MAX {policy.RANGES['cpus'].high}",
     ]
 
 
