@@ -9,13 +9,18 @@ how many came online.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
 
 import pytest
 from conftest import DEMO, orisha
+from httpraw import Conn
+from unikernel_target import Booted
 
 from orisha.core.policy import RANGES
-from orisha.targets.unikernel.boot import cmdline, qemu_command
+from orisha.targets.unikernel.boot import cmdline, kvm_usable, qemu_command
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
                                 reason="apt-get install qemu-system-x86")
@@ -38,3 +43,84 @@ def test_qemu_gets_smp_and_the_kernel_the_count():
     four = qemu_command("k.img", "127.0.0.1", 8080, "tcg", 64, cmdline(Limits(), 4), cpus=4)
     assert four[four.index("-smp") + 1] == "4"
     assert "orisha.cpus=4" in four[four.index("-append") + 1].split()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("uk-smp") / "demo")
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _vcpu_seconds(qemu: int) -> dict[str, float]:
+    """CPU time of each vCPU thread of QEMU (named ``CPU 1/KVM`` by ``debug-threads``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for tid in os.listdir(f"/proc/{qemu}/task"):
+        try:
+            name = open(f"/proc/{qemu}/task/{tid}/comm").read().strip()
+            fields = open(f"/proc/{qemu}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if name.startswith("CPU "):
+            seconds[name.split("/")[0]] = (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
+def _serving(vm: Booted) -> str:
+    """The kernel's serving line (the serial log streams to stderr: it may lag stdout)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        line = next((s for s in vm.log if "orisha: serving http on port 80" in s), None)
+        if line:
+            return line
+        time.sleep(0.05)
+    raise AssertionError("\n".join(vm.log))
+
+
+def _qemu_pid(vm: Booted) -> int:
+    out = subprocess.run(["pgrep", "-P", str(vm.proc.pid), "qemu-system"], capture_output=True,
+                         text=True).stdout.split()
+    assert len(out) == 1, out
+    return int(out[0])
+
+
+def _accels():
+    return [pytest.param("kvm", marks=pytest.mark.skipif(not kvm_usable(), reason="no /dev/kvm")),
+            "tcg"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accel", _accels())
+def test_two_cores_come_online_and_the_second_waits_without_spinning(image, accel):
+    vm = Booted(image, ["--cpus", "2", "--accel", accel])
+    try:
+        assert "2 cores online" in _serving(vm), vm.log
+        c = Conn(vm.port)
+        r = c.request("/")
+        assert r.status == 200 and r.body == open(os.path.join(DEMO, "index.html"), "rb").read()
+        c.close()
+        qemu = _qemu_pid(vm)
+        before, t0 = _vcpu_seconds(qemu), time.monotonic()
+        assert set(before) == {"CPU 0", "CPU 1"}, before
+        time.sleep(2)
+        after, wall = _vcpu_seconds(qemu), time.monotonic() - t0
+        # Core 0 busy-polls (a whole host core when it gets one); core 1 halts between its
+        # LAPIC timer's wake-ups (every 100 ms): a core that spun would use ~all of `wall`.
+        idle = after["CPU 1"] - before["CPU 1"]
+        assert idle < 0.2 * wall, (idle, wall, after)
+        assert Conn(vm.port).request("/css/site.css").status == 200
+    finally:
+        assert vm.stop() == 0, "\n".join(vm.log)
+
+
+@pytest.mark.slow
+def test_one_core_is_as_before(image):
+    vm = Booted(image, ["--cpus", "1"])
+    try:
+        assert "1 core online" in _serving(vm) and not any("cpu 1" in s for s in vm.log), vm.log
+        assert set(_vcpu_seconds(_qemu_pid(vm))) == {"CPU 0"}
+        assert Conn(vm.port).request("/").status == 200
+    finally:
+        assert vm.stop() == 0, "\n".join(vm.log)

@@ -8,9 +8,18 @@
  * the top of the 4th GiB uncached for MMIO: virtio-mmio, IOAPIC, LAPIC), enter
  * long mode and call platform_main(start_info). All pages are user-accessible:
  * the unikernel continues in ring 3 (see cpu.c).
+ *
+ * An application processor (smp.c) starts in real mode at the trampoline below,
+ * copied to AP_BASE: it enters protected mode and then long mode through the same
+ * steps as the boot processor (enter_long_mode: MTRRs are per CPU, so are CR0/CR4/
+ * EFER), on these page tables, and calls platform_ap_main(cpu) on the stack smp.c
+ * set aside for it.
  */
+#include "boot.h"
 #define XEN_ELFNOTE_PHYS32_ENTRY 18
 #define STACK_SIZE (64 * 1024)
+/* A trampoline label's address once copied to AP_BASE. */
+#define AP_T(x) ((x) - platform_ap_trampoline + AP_BASE)
 
     .section .note.pvh, "a", @note
     .p2align 2
@@ -78,6 +87,16 @@ platform_pvh_entry:
     cmpl $2048, %ecx
     jne  2b
 7:
+    movl $long_entry, %ebp
+    /* fall through */
+
+/*
+ * From 32-bit protected mode, paging off, a stack, %ebp = a 64-bit entry point:
+ * MTRRs, PAE, LME, paging on boot_pml4, the kernel's GDT, then a far return into
+ * its 64-bit code segment at %ebp. Shared by the boot processor and every AP.
+ * Keeps %esi and %ebp.
+ */
+enter_long_mode:
     /*
      * If the firmware left the MTRRs disabled (qboot does no MTRR setup),
      * all memory is uncached wherever the hypervisor honours guest MTRRs.
@@ -110,7 +129,9 @@ platform_pvh_entry:
     andl $~0x60000000, %eax             /* clear CD | NW */
     movl %eax, %cr0
     lgdt boot_gdt_ptr
-    ljmp $0x08, $long_entry
+    pushl $0x08
+    pushl %ebp
+    lret
 
     .code64
 long_entry:
@@ -129,7 +150,106 @@ long_entry:
     hlt
     jmp 4b
 
+/*
+ * The application processor's real-mode start (SIPI vector AP_BASE >> 12), copied to
+ * AP_BASE by smp.c: CS = AP_BASE >> 4, IP = 0. A flat 32-bit GDT of its own (the
+ * kernel's 0x08 is 64-bit code, which protected mode cannot run yet), protected
+ * mode, the top of the trampoline page as a stack (one AP starts at a time), then
+ * enter_long_mode towards ap_long_entry.
+ */
+    .code16
+    .p2align 4
+    .globl platform_ap_trampoline, platform_ap_trampoline_end
+platform_ap_trampoline:
+    cli
+    cld
+    xorw %ax, %ax
+    movw %ax, %ds
+    lgdtl AP_T(ap_gdt_ptr)
+    movl %cr0, %eax
+    orl  $1, %eax                       /* PE */
+    movl %eax, %cr0
+    ljmpl $0x08, $AP_T(ap_protected)
+    .code32
+ap_protected:
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    movl $(AP_BASE + 4096), %esp
+    movl $ap_long_entry, %ebp
+    movl $enter_long_mode, %eax
+    jmp  *%eax
+    .p2align 3
+ap_gdt:
+    .quad 0
+    .quad 0x00cf9a000000ffff            /* 0x08: flat 32-bit code */
+    .quad 0x00cf92000000ffff            /* 0x10: flat data */
+ap_gdt_ptr:
+    .word ap_gdt_ptr - ap_gdt - 1
+    .long AP_T(ap_gdt)
+platform_ap_trampoline_end:
+
+    .code64
+ap_long_entry:
+    movw $0x10, %ax
+    movw %ax, %ds
+    movw %ax, %es
+    movw %ax, %ss
+    xorw %ax, %ax
+    movw %ax, %fs
+    movw %ax, %gs
+    movq platform_ap_stack(%rip), %rsp
+    xorq %rbp, %rbp
+    movl platform_ap_cpu(%rip), %edi
+    call platform_ap_main
+1:  cli
+    hlt
+    jmp 1b
+
     .text
+/*
+ * The way an idle core waits (platform_idle in smp.c): ring 3 executes HLT, which
+ * raises #GP (CPL > 0) into ring 0 here, on the TSS stack with IF=0: the one way back
+ * to ring 0 this host allows (its PVM answers INT n from guest ring 3 with #UD, and
+ * SYSCALL does not reach ring 0 either; exceptions do). For a HLT from ring 3 this
+ * steps over it and HLTs in ring 0. STI's one-instruction shadow covers HLT, so an
+ * interrupt that became pending while ring 3 ran with IF=0 (the LAPIC timer armed
+ * before, a wake IPI) ends the HLT at once instead of being lost; IRETQ restores
+ * ring 3's IF=0. Any other #GP goes to platform_trap as before.
+ * Frame: 0 saved rax, 8 error code, 16 rip, 24 cs, 32 rflags, 40 rsp, 48 ss.
+ */
+gp_or_idle:
+    pushq %rax
+    testb $3, 24(%rsp)
+    jz   1f
+    movq 16(%rsp), %rax
+    cmpb $0xf4, (%rax)                  /* HLT */
+    jne  1f
+    incq 16(%rsp)
+    popq %rax
+    addq $8, %rsp
+    sti
+    hlt
+    cli
+    iretq
+1:  popq %rax
+    pushq $13
+    jmp  trap_common
+
+    .globl platform_wake_interrupt, platform_spurious_interrupt
+/* The LAPIC timer and the wake IPI (WAKE_VECTOR): nothing to do but the EOI. */
+platform_wake_interrupt:
+    pushq %rax
+    movq platform_lapic_eoi(%rip), %rax
+    movl $0, (%rax)
+    popq %rax
+    iretq
+
+/* The LAPIC's spurious vector: no EOI (SDM Vol. 3 §11.9). */
+platform_spurious_interrupt:
+    iretq
+
 /*
  * void platform_enter_user(void (*fn)(void)): continue on the current stack in
  * ring 3 with IOPL 3 (port I/O still allowed) and interrupts off. See cpu.c.
@@ -148,6 +268,10 @@ platform_enter_user:
  * then the vector, and hand the frame to platform_trap() (never returns). */
     .macro TRAP_STUB vec
 trap_stub_\vec:
+    .if \vec == 13
+    jmp  gp_or_idle
+    .exitm
+    .endif
     .if (\vec == 8) || (\vec >= 10 && \vec <= 14) || (\vec == 17) || (\vec == 21) || (\vec == 29) || (\vec == 30)
     .else
     pushq $0

@@ -8,12 +8,18 @@
  * TCG) while ring-3 code runs natively. After privileged setup (page tables,
  * MSRs, IDT) nothing needs ring 0: port I/O works at IOPL 3 and MMIO is plain
  * memory access. On hardware-assisted KVM/TCG this costs nothing.
+ *
+ * More cores (smp.c): the IDT is one table for all; each core gets its own GDT
+ * (its TSS descriptor is marked busy by ltr) and TSS (its ring-0 stack: exceptions,
+ * and the idle wait, which ring 3 enters by a HLT's #GP: boot.S gp_or_idle), SSE,
+ * and its LAPIC enabled with the timer on WAKE_VECTOR, one-shot.
  */
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
 #include "platform.h"
 #include "boot.h"
+#include "io.h"
 
 struct trap_frame {
     uint64_t vector, error, rip, cs, rflags, rsp, ss;
@@ -48,14 +54,33 @@ struct desc_ptr {
     uint64_t base;
 } __attribute__((packed));
 
+/* A core's own descriptor tables (the boot processor's in bss, the others' from the
+ * RAM above the image: smp.c). */
+struct platform_cpu_tables {
+    uint64_t gdt[7];
+    struct tss tss;
+} __attribute__((aligned(16)));
+
+#define GDT_KERNEL_ENTRIES 5 /* null, kernel code/data, user data/code: boot.S's layout */
+#define MSR_APIC_BASE 0x1bu
+#define APIC_BASE_ENABLE (1u << 11)
+#define APIC_BASE_X2APIC (1u << 10)
+#define LAPIC_SVR 0xf0
+#define LAPIC_LVT_TIMER 0x320
+#define LAPIC_TIMER_DIVIDE 0x3e0
+#define LAPIC_DIVIDE_BY_1 0xb
+
 extern uint64_t platform_gdt[];
 extern const uint64_t platform_trap_stubs[32];
+extern const uint8_t platform_wake_interrupt[], platform_spurious_interrupt[];
 void platform_enter_user(void (*fn)(void)) __attribute__((noreturn));
 void platform_trap(struct trap_frame *f) __attribute__((noreturn));
 
-static struct tss tss __attribute__((aligned(16)));
-static struct idt_gate idt[32] __attribute__((aligned(16)));
+static struct platform_cpu_tables boot_tables;
+static struct idt_gate idt[256] __attribute__((aligned(16)));
 static uint8_t trap_stack[16384] __attribute__((aligned(16)));
+uintptr_t platform_lapic;
+uint64_t platform_lapic_eoi;
 
 static const char *const trap_names[32] = {
     "divide error", "debug", "NMI", "breakpoint", "overflow", "bound range",
@@ -76,29 +101,58 @@ void platform_trap(struct trap_frame *f)
           (unsigned long)cr2, (unsigned long)f->rsp, (unsigned long)f->cs);
 }
 
+/* type 0x8e: present, DPL 0, 64-bit interrupt gate. */
+static void set_gate(int vector, uint64_t a, uint8_t type)
+{
+    idt[vector].off_lo = (uint16_t)a;
+    idt[vector].sel = 0x08;
+    idt[vector].ist = 0;
+    idt[vector].type = type;
+    idt[vector].off_mid = (uint16_t)(a >> 16);
+    idt[vector].off_hi = (uint32_t)(a >> 32);
+    idt[vector].reserved = 0;
+}
+
+/* The boot processor, once: the shared IDT, where the LAPIC is, then its own tables. */
 void platform_cpu_init(void)
 {
-    for (int i = 0; i < 32; i++) {
-        uint64_t a = platform_trap_stubs[i];
-        idt[i].off_lo = (uint16_t)a;
-        idt[i].sel = 0x08;
-        idt[i].ist = 0;
-        idt[i].type = 0x8e; /* present, DPL 0, 64-bit interrupt gate */
-        idt[i].off_mid = (uint16_t)(a >> 16);
-        idt[i].off_hi = (uint32_t)(a >> 32);
-        idt[i].reserved = 0;
-    }
+    for (int i = 0; i < 32; i++)
+        set_gate(i, platform_trap_stubs[i], 0x8e);
+    set_gate(WAKE_VECTOR, (uint64_t)(uintptr_t)platform_wake_interrupt, 0x8e);
+    set_gate(SPURIOUS_VECTOR, (uint64_t)(uintptr_t)platform_spurious_interrupt, 0x8e);
+    uint64_t apic = rdmsr(MSR_APIC_BASE);
+    /* Reset leaves the xAPIC on in MMIO mode; ring 3 reaches it through the uncached,
+     * user-accessible 4th GiB of boot.S's map (x2APIC would need ring-0 MSRs). */
+    if (!(apic & APIC_BASE_ENABLE) || (apic & APIC_BASE_X2APIC))
+        PANIC("LAPIC not in xAPIC mode (IA32_APIC_BASE %#lx)", (unsigned long)apic);
+    platform_lapic = (uintptr_t)(apic & ~0xfffull);
+    platform_lapic_eoi = platform_lapic + 0xb0;
+    platform_cpu_setup(&boot_tables, trap_stack + sizeof trap_stack);
+}
+
+size_t platform_cpu_tables_size(void)
+{
+    return sizeof(struct platform_cpu_tables);
+}
+
+/* Any core, in ring 0: its GDT (the kernel's layout plus its own TSS at 0x28), the
+ * shared IDT, its TSS with trap_stack_top for exceptions, SSE, and its LAPIC. The selectors stay those boot.S loaded: same descriptors, new table. */
+void platform_cpu_setup(struct platform_cpu_tables *t, void *trap_stack_top)
+{
+    memcpy(t->gdt, platform_gdt, GDT_KERNEL_ENTRIES * sizeof t->gdt[0]);
+    struct desc_ptr gdtr = { sizeof t->gdt - 1, (uint64_t)(uintptr_t)t->gdt };
     struct desc_ptr idtr = { sizeof idt - 1, (uint64_t)(uintptr_t)idt };
     __asm__ volatile("lidt %0" : : "m"(idtr));
 
-    tss.rsp[0] = (uint64_t)(uintptr_t)(trap_stack + sizeof trap_stack);
-    tss.iomap_base = (uint16_t)offsetof(struct tss, iomap);
-    tss.iomap_end = 0xff;
-    uint64_t base = (uint64_t)(uintptr_t)&tss;
-    uint64_t limit = sizeof tss - 1;
-    platform_gdt[5] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89ull << 40) |
-                      (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
-    platform_gdt[6] = base >> 32;
+    t->tss.rsp[0] = (uint64_t)(uintptr_t)trap_stack_top;
+    t->tss.iomap_base = (uint16_t)offsetof(struct tss, iomap);
+    t->tss.iomap_end = 0xff;
+    uint64_t base = (uint64_t)(uintptr_t)&t->tss;
+    uint64_t limit = sizeof t->tss - 1;
+    t->gdt[5] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89ull << 40) |
+                (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
+    t->gdt[6] = base >> 32;
+    __asm__ volatile("lgdt %0" : : "m"(gdtr) : "memory");
     __asm__ volatile("ltr %w0" : : "r"(0x28));
 
     /* SSE on (CR4.OSFXSR, OSXMMEXCPT; CR0.MP set, EM clear): the kernel itself is
@@ -110,6 +164,13 @@ void platform_cpu_init(void)
     __asm__ volatile("mov %0, %%cr0" : : "r"((cr0 & ~(1ull << 2)) | (1ull << 1)));
     __asm__ volatile("mov %%cr4, %0" : "=r"(cr4));
     __asm__ volatile("mov %0, %%cr4" : : "r"(cr4 | (1ull << 9) | (1ull << 10)));
+
+    /* LAPIC software-enabled (an AP's comes out of INIT disabled), its timer one-shot
+     * on WAKE_VECTOR at the bus clock: smp.c arms it before the idle HLT. Ring 3 runs
+     * with IF=0, so it only ever interrupts an idle HLT. */
+    mmio_write32(platform_lapic + LAPIC_SVR, 0x100 | SPURIOUS_VECTOR);
+    mmio_write32(platform_lapic + LAPIC_TIMER_DIVIDE, LAPIC_DIVIDE_BY_1);
+    mmio_write32(platform_lapic + LAPIC_LVT_TIMER, WAKE_VECTOR);
 }
 
 /*
@@ -121,11 +182,6 @@ void platform_cpu_init(void)
  */
 enum { RNG_UNKNOWN, RNG_NONE, RNG_RDRAND, RNG_RDSEED };
 static int rng = RNG_UNKNOWN;
-
-static void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4])
-{
-    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
-}
 
 static int rng_kind(void)
 {

@@ -158,10 +158,13 @@ int platform_snprintf(char *buf, size_t size, const char *fmt, ...)
     return n;
 }
 
-/* Console output; every line starts with "[seconds.millis] " since boot. */
+/* Console output; every line starts with "[seconds.millis] " since boot. One core
+ * at a time writes (a spin lock: a line costs milliseconds here, so it is formatted
+ * before the lock is taken). */
 void platform_printf(const char *fmt, ...)
 {
     static int at_line_start = 1;
+    static int lock;
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
@@ -169,6 +172,8 @@ void platform_printf(const char *fmt, ...)
     va_end(ap);
     if (n > (int)sizeof buf - 1)
         n = sizeof buf - 1;
+    while (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE))
+        __asm__ volatile("pause");
     int start = 0;
     for (int i = 0; i < n; i++) {
         if (at_line_start && buf[i] != '\n') {
@@ -182,4 +187,5 @@ void platform_printf(const char *fmt, ...)
         at_line_start = buf[i] == '\n';
     }
     serial_write(buf + start, (size_t)(n - start));
+    __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
 }

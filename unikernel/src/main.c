@@ -40,6 +40,17 @@ static void step(void)
     platform_wallclock_poll();
 }
 
+/* An application processor (platform_start_cpus): core 0 serves alone for now, so
+ * the others wait without spinning, waking every IDLE_US (the LAPIC timer). */
+#define IDLE_US 100000
+
+static void secondary(unsigned cpu)
+{
+    (void)cpu;
+    for (;;)
+        platform_idle(IDLE_US);
+}
+
 static void wait_for_address(void)
 {
     uint32_t warned = 0;
@@ -121,11 +132,12 @@ int main(void)
     }
     net_init(); /* starts DHCP */
     int tls = http_init(site, site_len);
+    unsigned cpus = platform_start_cpus(secondary); /* while DHCP runs */
     wait_for_address(); /* net.c logs the address */
     uint32_t slots, table = http_table(&slots);
     platform_printf("orisha: serving http on port 80%s, site %zu bytes, table %u of %u slots, "
-                    "boot %u ms\n", tls ? " and https on port 443" : "", site_len, table, slots,
-                    platform_now_ms());
+                    "%u core%s online, boot %u ms\n", tls ? " and https on port 443" : "",
+                    site_len, table, slots, cpus, cpus == 1 ? "" : "s", platform_now_ms());
     if (platform_cmdline_has("orisha.exit=ready"))
         return 0; /* boot-time measurements */
     serve();

@@ -131,6 +131,19 @@ int platform_cmdline_has(const char *word)
     return 0;
 }
 
+int platform_boot_info_within(uintptr_t lo, uintptr_t hi)
+{
+    const struct hvm_start_info *si = (const void *)(uintptr_t)boot_info_paddr;
+    uintptr_t at[] = { boot_info_paddr, (uintptr_t)si->cmdline_paddr,
+                       (uintptr_t)si->memmap_paddr };
+    size_t len[] = { sizeof *si, strlen(cmdline) + 1,
+                     si->memmap_entries * sizeof(struct hvm_memmap_entry) };
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+        if (at[i] && at[i] < hi && at[i] + len[i] > lo)
+            return 1;
+    return 0;
+}
+
 static void parse_start_info(uint32_t paddr)
 {
     const struct hvm_start_info *si = (const void *)(uintptr_t)paddr;

@@ -48,6 +48,17 @@ void *platform_arena_alloc(size_t size, size_t align);
 size_t platform_ram_left(void);
 void *platform_ram_alloc(size_t size, size_t align);
 
+/* More cores (smp.c). platform_start_cpus starts the cores `orisha boot --cpus`
+ * asked for (orisha.cpus=N) and runs entry(cpu) on each, in ring 3 on a stack of its
+ * own, cpu = 1..N-1 (the caller is core 0); it returns how many are online, core 0
+ * included (fewer if one did not start: logged). platform_idle(us) waits in ring 0
+ * with HLT until `us` have passed or platform_wake(cpu) is sent to this core; a wake
+ * sent while the core was busy ends its next wait at once. */
+unsigned platform_start_cpus(void (*entry)(unsigned cpu));
+unsigned platform_cpus(void);
+void platform_idle(uint32_t us);
+void platform_wake(unsigned cpu);
+
 /* Clocks (clock.c). */
 uint64_t platform_now_ns(void);        /* monotonic since boot */
 uint32_t platform_now_ms(void);

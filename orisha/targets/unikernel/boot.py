@@ -149,7 +149,10 @@ def qemu_command(image: str, host: str, port: int, accel: str, memory: int, appe
         raise BootError(f"machine {machine!r}: choose one of {', '.join(MACHINES)}")
     entropy = ["-object", "rng-random,filename=/dev/urandom,id=rng0",
                "-device", f"virtio-rng-{bus},rng=rng0{legacy}"] if rng else []
-    cmd = [qemu, *mach, *cpu, "-smp", str(cpus), "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
+    # debug-threads: QEMU names each vCPU's thread ("CPU 1/KVM"), so the host can see
+    # (and tests can check) what every core costs.
+    cmd = [qemu, "-name", "orisha,debug-threads=on", *mach, *cpu, "-smp", str(cpus),
+           "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
            "-serial", "stdio", "-no-reboot", "-kernel", image,
            "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:{guest_port}"
            + (f",hostfwd=tcp:{host}:{http_port}-:{GUEST_HTTP}" if http_port else ""),
