@@ -17,6 +17,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The platform's state is shared by every core (linker.ld); a platform variable that
+ * must be per core (zero-initialised) is marked PLATFORM_PRIVATE. */
+#define PLATFORM_PRIVATE __attribute__((section(".private")))
+extern uint8_t __private_start[], __private_data_end[], __private_end[];
+extern uint8_t __shared_start[], __shared_end[];
+
 /* Entered from boot.S in ring 0, long mode, identity mapped. */
 void platform_main(uint32_t start_info_paddr) __attribute__((noreturn));
 
@@ -48,8 +54,14 @@ const char *platform_clock_source(void);
 
 int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap);
 
-/* platform.c: whether [lo, hi) holds anything the PVH start info points at. */
+/* platform.c: whether [lo, hi) holds anything the PVH start info points at; this
+ * core's share of the RAM above the image (smp.c splits it, each core sets its own). */
 int platform_boot_info_within(uintptr_t lo, uintptr_t hi);
+void platform_ram_range(uintptr_t *next, uintptr_t *end);
+void platform_ram_set(uintptr_t next, uintptr_t end, unsigned cpu);
+/* smp.c, before main(): each further core's private copy of the application's .data
+ * (still as linked: main has not run) and page tables; the RAM split between cores. */
+void platform_smp_prepare(void);
 
 #endif
 #endif

@@ -40,15 +40,17 @@ extern const uint8_t platform_site_start[];
 extern const uint8_t platform_site_end[];
 
 /*
- * The arena lives in .bss. QEMU hands us zeroed RAM, and under KVM the first
- * touch of every page costs an EPT fault, so bss is deliberately not cleared.
+ * The arena lives in the platform's bss, which every core maps alike (linker.ld).
+ * QEMU hands us zeroed RAM, and under KVM the first touch of every page costs an
+ * EPT fault, so bss is deliberately not cleared.
  */
 static uint8_t arena[ARENA_SIZE] __attribute__((aligned(4096)));
 static size_t arena_used;
 /* The RAM above the loaded image (bss included), from the PVH memory map: the
  * tables sized from the guest's memory (--memory) are carved from it. */
 extern uint8_t __image_end[];
-static uintptr_t ram_next, ram_end;
+static uintptr_t ram_next PLATFORM_PRIVATE, ram_end PLATFORM_PRIVATE;
+static unsigned this_cpu PLATFORM_PRIVATE;
 static const char *cmdline = "";
 
 static int in_panic;
@@ -90,12 +92,40 @@ const char *platform_cmdline(void)
 
 void *platform_arena_alloc(size_t size, size_t align)
 {
+    static int lock;
     ASSERT(align && (align & (align - 1)) == 0);
+    while (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE))
+        cpu_relax();
     size_t off = (arena_used + align - 1) & ~(align - 1);
     if (off + size > ARENA_SIZE)
         PANIC("arena exhausted: want %zu, used %zu of %u", size, arena_used, ARENA_SIZE);
     arena_used = off + size;
+    __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
     return arena + off;
+}
+
+int platform_is_shared(const void *p, size_t len)
+{
+    uintptr_t a = (uintptr_t)p;
+    return a + len >= a && (a + len <= (uintptr_t)__private_start || a >= (uintptr_t)__private_end);
+}
+
+unsigned platform_cpu(void)
+{
+    return this_cpu;
+}
+
+void platform_ram_range(uintptr_t *next, uintptr_t *end)
+{
+    *next = ram_next;
+    *end = ram_end;
+}
+
+void platform_ram_set(uintptr_t next, uintptr_t end, unsigned cpu)
+{
+    ram_next = next;
+    ram_end = end;
+    this_cpu = cpu;
 }
 
 size_t platform_ram_left(void)
@@ -203,5 +233,6 @@ static void start_app(void)
                         platform_clock_source(), (unsigned long)(platform_tsc_hz() / 1000),
                         (unsigned long)platform_unix_time(),
                         (size_t)(platform_site_end - platform_site_start));
+    platform_smp_prepare(); /* before main: the copies take the application as linked */
     exit_qemu((uint8_t)main());
 }

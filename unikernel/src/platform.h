@@ -40,7 +40,8 @@ int platform_verbose(void);
 /* The site image linked into the kernel (see the Makefile). */
 const uint8_t *platform_site(size_t *len);
 
-/* Bump allocator over a fixed bss arena; never freed. align: power of 2. */
+/* Bump allocator over a fixed arena, shared by the cores (for DMA: virtio's rings
+ * and buffers); never freed. align: power of 2. */
 void *platform_arena_alloc(size_t size, size_t align);
 /* The guest's RAM above the image (`orisha boot --memory`): bytes left, and a
  * bump allocator over it (zeroed, never freed; PANICs when it runs out). For
@@ -56,6 +57,15 @@ void *platform_ram_alloc(size_t size, size_t align);
  * sent while the core was busy ends its next wait at once. */
 unsigned platform_start_cpus(void (*entry)(unsigned cpu));
 unsigned platform_cpus(void);
+/* This core's index: 0 for the boot processor. */
+unsigned platform_cpu(void);
+/* The application's state (.data, .bss) is per core: each core's page tables map it
+ * onto a copy of its own. A variable every core must see alike (a lock, a ring the
+ * cores share, what a device reads by DMA) is marked PLATFORM_SHARED (zero-
+ * initialised only); platform_is_shared says whether memory is mapped alike, as
+ * anything handed to a device must be (virtual = physical there). */
+#define PLATFORM_SHARED __attribute__((section(".shared")))
+int platform_is_shared(const void *p, size_t len);
 void platform_idle(uint32_t us);
 void platform_wake(unsigned cpu);
 

@@ -38,14 +38,29 @@
 #define AP_START_MS 1000          /* generous: ring 0 is instruction-emulated on some hosts */
 #define CALIBRATE_NS 200000ull
 
+#define PAGE_2M (2u << 20)
+#define PTE_P_RW_US 0x7ull
+#define PTE_BIG 0x80ull        /* PS: a 2 MiB page in a PD */
+#define PTE_UNCACHED 0x18ull   /* PWT | PCD, for the MMIO at the top of the 4th GiB */
+#define MMIO_START 0xfe000000ull
+
 extern const uint8_t platform_ap_trampoline[], platform_ap_trampoline_end[];
+
+/* What core 0 prepared for each AP (platform_smp_prepare); all of this file's state is
+ * the platform's, mapped alike on every core (linker.ld). */
+struct ap {
+    uint64_t cr3;                       /* its page tables: its private copy mapped in */
+    struct platform_cpu_tables *tables;
+    void *trap_stack_top, *stack_top;
+    uintptr_t ram_next, ram_end;        /* its share of the RAM above the image */
+};
 
 volatile uint64_t platform_ap_stack;
 volatile uint32_t platform_ap_cpu;
+static struct ap aps[POLICY_CPUS_MAX];
+static unsigned asked = 1;
 static volatile uint32_t ap_reported; /* the last AP that reached ring 3 */
 static void (*ap_entry)(unsigned cpu);
-static struct platform_cpu_tables *ap_tables;
-static void *ap_trap_stack_top;
 static uint32_t timer_ticks_per_us;
 static unsigned online = 1;
 
@@ -112,29 +127,31 @@ static void calibrate_timer(void)
     timer_ticks_per_us = ticks ? (uint32_t)ticks : 1;
 }
 
-/* Ring 3 on the AP: report, then the application's entry. */
+/* Ring 3 on the AP: its RAM share and index (private: this core's copy), report,
+ * then the application's entry. */
 static void ap_ring3(void)
 {
     uint32_t cpu = platform_ap_cpu;
+    ASSERT(platform_cpu() == 0); /* a fresh private copy, not core 0's state */
+    platform_ram_set(aps[cpu].ram_next, aps[cpu].ram_end, cpu);
     __atomic_store_n(&ap_reported, cpu, __ATOMIC_RELEASE);
     ap_entry(cpu);
     PANIC("cpu %u: the application's entry returned", (unsigned)cpu);
 }
 
-/* boot.S's ap_long_entry, ring 0 on the AP's stack: its tables, then ring 3. */
+/* boot.S's ap_long_entry, ring 0 on the AP's stack: its own page tables (from here on
+ * the application's state it sees is its copy), its descriptor tables, then ring 3. */
 void platform_ap_main(uint32_t cpu)
 {
-    (void)cpu;
-    platform_cpu_setup(ap_tables, ap_trap_stack_top);
+    __asm__ volatile("mov %0, %%cr3" : : "r"(aps[cpu].cr3) : "memory");
+    platform_cpu_setup(aps[cpu].tables, aps[cpu].trap_stack_top);
     platform_run_in_ring3(ap_ring3);
 }
 
 /* Start AP `cpu`; 1 once it reported from ring 3 within AP_START_MS. */
 static int start_ap(uint32_t cpu)
 {
-    ap_tables = platform_ram_alloc(platform_cpu_tables_size(), 64);
-    ap_trap_stack_top = (uint8_t *)platform_ram_alloc(AP_TRAP_STACK, 16) + AP_TRAP_STACK;
-    platform_ap_stack = (uint64_t)(uintptr_t)platform_ram_alloc(AP_STACK, 16) + AP_STACK;
+    platform_ap_stack = (uint64_t)(uintptr_t)aps[cpu].stack_top;
     platform_ap_cpu = cpu;
     memory_barrier();
     if (!send_ipi(cpu, ICR_INIT | ICR_ASSERT))
@@ -154,9 +171,54 @@ static int start_ap(uint32_t cpu)
     return 1;
 }
 
+/* An identity map of the low 4 GiB in 2 MiB pages (boot.S's, MMIO uncached) but for
+ * the application's private range, which goes to `copy`. */
+static uint64_t page_tables(uintptr_t copy)
+{
+    uint64_t *pml4 = platform_ram_alloc(6 * 4096, 4096), *pdpt = pml4 + 512, *pd = pml4 + 1024;
+    pml4[0] = (uint64_t)(uintptr_t)pdpt | PTE_P_RW_US;
+    for (uint64_t g = 0; g < 4; g++)
+        pdpt[g] = (uint64_t)(uintptr_t)(pd + g * 512) | PTE_P_RW_US;
+    for (uint64_t i = 0; i < 4 * 512; i++) {
+        uint64_t a = i * PAGE_2M;
+        pd[i] = a | PTE_P_RW_US | PTE_BIG | (a >= MMIO_START ? PTE_UNCACHED : 0);
+    }
+    for (uintptr_t a = (uintptr_t)__private_start; a < (uintptr_t)__private_end; a += PAGE_2M)
+        pd[a / PAGE_2M] = (copy + (a - (uintptr_t)__private_start)) | PTE_P_RW_US | PTE_BIG;
+    return (uint64_t)(uintptr_t)pml4;
+}
+
+/* Before main() (platform.c start_app): for each further core a private copy of the
+ * application's state as linked (its .data; the .bss part stays as QEMU zeroed it),
+ * page tables, stacks and descriptor tables; then the RAM above it all in equal
+ * shares, core 0 keeping the first (each core sizes its tables from its own share). */
+void platform_smp_prepare(void)
+{
+    asked = cpus_asked();
+    if (asked == 1)
+        return;
+    size_t private = (size_t)(__private_end - __private_start);
+    size_t data = (size_t)(__private_data_end - __private_start);
+    for (unsigned cpu = 1; cpu < asked; cpu++) {
+        uint8_t *copy = platform_ram_alloc(private, PAGE_2M);
+        memcpy(copy, __private_start, data);
+        aps[cpu].cr3 = page_tables((uintptr_t)copy);
+        aps[cpu].tables = platform_ram_alloc(platform_cpu_tables_size(), 64);
+        aps[cpu].trap_stack_top = (uint8_t *)platform_ram_alloc(AP_TRAP_STACK, 16) + AP_TRAP_STACK;
+        aps[cpu].stack_top = (uint8_t *)platform_ram_alloc(AP_STACK, 16) + AP_STACK;
+    }
+    uintptr_t next, end;
+    platform_ram_range(&next, &end);
+    uintptr_t share = ((end - next) / asked) & ~(uintptr_t)4095;
+    for (unsigned cpu = 1; cpu < asked; cpu++) {
+        aps[cpu].ram_next = next + cpu * share;
+        aps[cpu].ram_end = aps[cpu].ram_next + share;
+    }
+    platform_ram_set(next, next + share, 0);
+}
+
 unsigned platform_start_cpus(void (*entry)(unsigned cpu))
 {
-    unsigned asked = cpus_asked();
     if (asked == 1)
         return online;
     if (platform_boot_info_within(AP_BASE, AP_BASE + 4096))
@@ -181,6 +243,7 @@ unsigned platform_start_cpus(void (*entry)(unsigned cpu))
         }
         online++;
     }
+    ASSERT(platform_cpu() == 0); /* no AP wrote core 0's private state */
     return online;
 }
 

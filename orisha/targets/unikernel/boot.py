@@ -56,8 +56,11 @@ def _manifest(out: str) -> dict:
     return m
 
 
-def guest_megabytes(image: str, machine: str = "microvm") -> int:
-    """RAM the kernel needs: the end of its highest PT_LOAD segment (bss included), plus room."""
+def guest_megabytes(image: str, machine: str = "microvm", cpus: int = 1) -> int:
+    """RAM the kernel needs: the end of its highest PT_LOAD segment (bss included), plus room;
+    for each core beyond the first, a private copy of the application's state (the first
+    writable segment, 2 MiB aligned: unikernel/src/linker.ld), its stacks and tables, and
+    the same room for its own connection table (each core sizes its own from its share)."""
     with open(image, "rb") as f:
         eh = f.read(52)
         if len(eh) < 52 or eh[:4] != b"\x7fELF" or eh[4] != 1:
@@ -66,12 +69,14 @@ def guest_megabytes(image: str, machine: str = "microvm") -> int:
         phentsize, phnum = struct.unpack_from("<HH", eh, 42)
         f.seek(phoff)
         table = f.read(phentsize * phnum)
-    end = 0
+    end, private = 0, 0
     for i in range(phnum):
-        p_type, _, _, p_paddr, _, p_memsz = struct.unpack_from("<6I", table, i * phentsize)
+        p_type, _, _, p_paddr, _, p_memsz, p_flags, _ = struct.unpack_from("<8I", table, i * phentsize)
         if p_type == 1:
             end = max(end, p_paddr + p_memsz)
-    need = -(-end // (1 << 20))
+            if p_flags & 2 and not private:
+                private = -(-p_memsz // (2 << 20)) * 2
+    need = -(-end // (1 << 20)) + (cpus - 1) * (private + 2 + TABLE_RAM)
     if machine == "microvm":
         # Above its bss the kernel sizes its connection table from the RAM it finds
         # (unikernel/src/http.c size_table: slots of ~22 KB and, with TLS, 80 KiB of
@@ -386,7 +391,7 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
         raise BootError(f"--http-port: {out} serves plain HTTP only, on --port (build it with "
                         "--tls-cert/--tls-key for a TLS port beside it)")
     accel = resolve_accel(accel)
-    memory = memory or guest_megabytes(image)
+    memory = memory or guest_megabytes(image, cpus=cpus)
     if port == 0:
         port = free_port(host)
     if http_port == 0:
@@ -443,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         append = " ".join(filter(None, [cmdline(Limits(), a.cpus), a.append]))
         cmd = qemu_command(a.image, a.host, a.port, resolve_accel(a.accel),
-                           a.memory or guest_megabytes(a.image, a.machine), append, a.machine,
+                           a.memory or guest_megabytes(a.image, a.machine, a.cpus), append, a.machine,
                            cpus=a.cpus)
     except (BootError, OSError) as e:
         print(f"orisha: error: {e}", file=sys.stderr)
