@@ -52,6 +52,7 @@ class Booted:
         try:
             return Server.stop(self, sig, timeout)
         finally:
+            self._drain.join(5)  # the serial log to its end (what the stop logged)
             self._cleanup()
 
     def _cleanup(self) -> None:

@@ -45,6 +45,13 @@
 #include "platform.h"
 #include "tls.h"
 
+static uint64_t planned; /* requests answered (this core's: the stats line) */
+
+uint64_t h2_requests(void)
+{
+    return planned;
+}
+
 enum { DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY,
        WINDOW_UPDATE, CONTINUATION };
 enum { F_END_STREAM = 0x1, F_ACK = 0x1, F_END_HEADERS = 0x4, F_PADDED = 0x8, F_PRIORITY = 0x20 };
@@ -1502,6 +1509,7 @@ static void start_next(struct h2 *h, uint64_t now)
             core_eof(c);
             core_next(c, now);
         }
+        planned++;
     }
     h->cur_sid = q->sid;
     h->cur_window = q->window;

@@ -39,6 +39,8 @@ void h2_written(struct h2 *h, uint64_t now_ms);
 int h2_tick(struct h2 *h, uint64_t now_ms, int writing);
 /* Graceful stop: GOAWAY, finish what was asked, then done. */
 void h2_stop(struct h2 *h);
+/* Requests answered over HTTP/2 so far. */
+uint64_t h2_requests(void);
 /* Nothing more will be sent: close (or linger). */
 int h2_done(const struct h2 *h);
 #endif

@@ -55,3 +55,8 @@ int h2_done(const struct h2 *h)
     (void)h;
     return 1;
 }
+
+uint64_t h2_requests(void)
+{
+    return 0;
+}

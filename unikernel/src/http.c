@@ -181,6 +181,7 @@ static int retry_pending;        /* admit_waiting is scheduled */
 static struct tcp_pcb *listener, *tls_listener;
 static int tls_port;             /* the address of this marks tls_listener's accepts */
 static int stopping;             /* http_stop(): each connection ends after its current response */
+static uint64_t accepted_conns, requests; /* this core's (the stats line, with more cores) */
 
 static uint64_t now_ms(void)
 {
@@ -772,6 +773,7 @@ static err_t pump_io(struct hconn *h)
         }
         if (core_next(c, now)) {
             h->served = 1;
+            requests++;
             continue;
         }
         if (core_done(c))
@@ -988,6 +990,7 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->waiting = 1; /* until enter() takes it */
     waiting_conns++;
     open_conns++;
+    accepted_conns++;
     tcp_arg(pcb, h);
     tcp_recv(pcb, on_recv);
     tcp_sent(pcb, on_sent);
@@ -1147,6 +1150,11 @@ static void log_stats(void)
                     (unsigned long)lwip_stats.mem.max, (unsigned long)lwip_stats.mem.avail,
                     (unsigned long)lwip_stats.mem.err, pb->max, pb->avail, sg->max, sg->avail,
                     pc->max, pc->avail);
+    if (platform_cpus() > 1) /* each core logs its own line: its connections, its share */
+        platform_printf("orisha: stats cpu %u connections %lu requests %lu drops %lu\n",
+                        platform_cpu(), (unsigned long)accepted_conns,
+                        (unsigned long)(requests + h2_requests()),
+                        (unsigned long)(syn_dropped + refused + displaced + killed));
     net_log_stats();
     tls_log_stats();
 }

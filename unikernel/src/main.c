@@ -20,6 +20,7 @@
 #include "io.h"
 #include "virtio_rng.h"
 #include "tls.h"
+#include "policy.h"
 
 #define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
 #define STATS_MS 10000       /* orisha.verbose: net counters this often */
@@ -40,15 +41,51 @@ static void step(void)
     platform_wallclock_poll();
 }
 
-/* An application processor (platform_start_cpus): core 0 serves alone for now, so
- * the others wait without spinning, waking every IDLE_US (the LAPIC timer). */
-#define IDLE_US 100000
+/*
+ * More cores (platform_start_cpus): each runs this same application on its own
+ * state (lwIP, the request core, TLS: net.c, linker.ld) on the address core 0's
+ * DHCP got, fed with the segments core 0 hands it. What the cores share is here:
+ * core 0 hears the console and tells the others to stop; each says when it is idle.
+ */
+#define IDLE_US 10000       /* an idle core sleeps at most this long (wake IPIs end it) */
+#define CORES_UP_MS 5000    /* every core listening, else core 0 serves alone */
+
+static int stop_all PLATFORM_SHARED;
+static struct {
+    int stopped, busy;
+} __attribute__((aligned(64))) cores[POLICY_CPUS_MAX] PLATFORM_SHARED;
 
 static void secondary(unsigned cpu)
 {
-    (void)cpu;
-    for (;;)
-        platform_idle(IDLE_US);
+    size_t site_len;
+    const uint8_t *site = platform_site(&site_len);
+    net_init_secondary(); /* waits for core 0's address */
+    http_init(site, site_len);
+    net_up();
+    for (;;) {
+        if (!net_poll()) {
+            http_idle();
+            if (!tls_prepare())
+                net_wait(IDLE_US);
+        }
+        if (!cores[cpu].stopped && __atomic_load_n(&stop_all, __ATOMIC_ACQUIRE)) {
+            http_stop();
+            __atomic_store_n(&cores[cpu].stopped, 1, __ATOMIC_RELEASE);
+        }
+        __atomic_store_n(&cores[cpu].busy, http_busy(), __ATOMIC_RELEASE);
+    }
+}
+
+/* Every core has stopped and has nothing left unacknowledged. */
+static int all_drained(void)
+{
+    if (http_busy())
+        return 0;
+    for (unsigned k = 1; k < platform_cpus(); k++)
+        if (!__atomic_load_n(&cores[k].stopped, __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&cores[k].busy, __ATOMIC_ACQUIRE))
+            return 0;
+    return 1;
 }
 
 static void wait_for_address(void)
@@ -104,9 +141,10 @@ static void serve(void)
                 stopping = 1;
                 platform_printf("orisha: stopping: no new connections, finishing responses\n");
                 http_stop();
+                __atomic_store_n(&stop_all, 1, __ATOMIC_RELEASE);
             }
         }
-        if (stopping && !drained && !http_busy()) {
+        if (stopping && !drained && all_drained()) {
             drained = 1;
             platform_printf("orisha: drained\n");
         }
@@ -132,8 +170,11 @@ int main(void)
     }
     net_init(); /* starts DHCP */
     int tls = http_init(site, site_len);
+    net_share(platform_cpus_asked());
     unsigned cpus = platform_start_cpus(secondary); /* while DHCP runs */
     wait_for_address(); /* net.c logs the address */
+    if (cpus > 1 && !net_spread(cpus, CORES_UP_MS))
+        PANIC("not every core was listening within %u ms", CORES_UP_MS);
     uint32_t slots, table = http_table(&slots);
     platform_printf("orisha: serving http on port 80%s, site %zu bytes, table %u of %u slots, "
                     "%u core%s online, boot %u ms\n", tls ? " and https on port 443" : "",

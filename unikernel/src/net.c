@@ -2,6 +2,14 @@
  * lwIP glue: a netif over virtio-net, DHCP, TCP's initial sequence numbers,
  * and one pass of the polling loop (frames in, lwIP's timers, frames out).
  * The loop itself is the application's (main.c); HTTP is http.c.
+ *
+ * More cores: every core runs its own lwIP (its state is per core, linker.ld) on
+ * the same MAC and address. Core 0 alone drives the NIC and DHCP; each received
+ * TCP segment goes to the core a hash of its addresses and ports names (so every
+ * segment of a connection meets the same lwIP), through that core's frame ring:
+ * single producer (core 0), single consumer, in memory mapped alike on every core,
+ * and a wake IPI when the core sleeps; ARP goes to every core; anything else stays
+ * on core 0. Transmits from any core share the one TX queue (virtio_net.c's lock).
  */
 #include <string.h>
 #include "lwip/init.h"
@@ -20,9 +28,34 @@
 #include "virtio_net.h"
 #include "virtio_rng.h"
 #include "platform.h"
+#include "policy.h"
 
 static struct netif nif;
 static uint64_t rx_dropped, tx_dropped;
+
+#define RING_SLOTS 256 /* a power of 2 */
+#define SLOT_DATA (2048 - 4)
+#define RX_BUDGET 64
+struct frame_slot {
+    uint32_t len;
+    uint8_t data[SLOT_DATA];
+};
+struct frame_ring {
+    uint32_t head __attribute__((aligned(64))); /* core 0 writes it: frames put */
+    uint32_t tail __attribute__((aligned(64))); /* the core writes it: frames taken */
+    uint32_t sleeping __attribute__((aligned(64)));
+    uint64_t full;                              /* frames core 0 dropped: ring full */
+    struct frame_slot slot[RING_SLOTS] __attribute__((aligned(64)));
+};
+/* Shared by the cores: the rings, how many cores frames go to (0: core 0 keeps all,
+ * until every core listens), and the address DHCP gave core 0. */
+static struct frame_ring *rings[POLICY_CPUS_MAX] PLATFORM_SHARED;
+static unsigned spread PLATFORM_SHARED;
+static unsigned cores_up PLATFORM_SHARED;
+static struct {
+    int ready;
+    ip4_addr_t ip, mask, gw;
+} given PLATFORM_SHARED;
 
 /* lwIP NO_SYS time base. */
 u32_t sys_now(void)
@@ -148,9 +181,50 @@ int net_ip4_input(struct pbuf *p, struct netif *inp)
     return 0;
 }
 
-static void rx_frame(const uint8_t *frame, size_t len, void *arg)
+/* The core a received frame is for (0..n-1), or -1: every core (ARP). A TCP segment
+ * by its source address and both ports (the destination is this machine's). */
+static int frame_core(const uint8_t *f, size_t len, unsigned n)
 {
-    (void)arg;
+    uint16_t type = (uint16_t)(f[12] << 8 | f[13]);
+    if (type == 0x0806)
+        return -1;
+    if (type != 0x0800 || len < 14 + IP_HLEN)
+        return 0;
+    const uint8_t *ip = f + 14;
+    size_t hl = (size_t)(ip[0] & 0x0f) * 4;
+    if (ip[9] != IP_PROTO_TCP || hl < IP_HLEN || len < 14 + hl + 4 || ((ip[6] & 0x3f) | ip[7]))
+        return 0; /* not TCP, or a fragment (no ports in it): core 0 */
+    uint32_t src, ports;
+    memcpy(&src, ip + 12, 4);
+    memcpy(&ports, ip + hl, 4);
+    uint64_t h = (uint64_t)src << 32 | ports; /* MurmurHash3's fmix64: every bit counts */
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return (int)(h % n);
+}
+
+/* Core 0: a copy of the frame into core `to`'s ring, and a wake if it sleeps. */
+static void hand_on(unsigned to, const uint8_t *frame, size_t len)
+{
+    struct frame_ring *r = rings[to];
+    uint32_t head = r->head;
+    if (head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) >= RING_SLOTS || len > SLOT_DATA) {
+        r->full++; /* dropped: TCP retransmits */
+        return;
+    }
+    struct frame_slot *s = &r->slot[head % RING_SLOTS];
+    s->len = (uint32_t)len;
+    memcpy(s->data, frame, len);
+    __atomic_store_n(&r->head, head + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_exchange_n(&r->sleeping, 0, __ATOMIC_SEQ_CST))
+        platform_wake(to);
+}
+
+static void input(const uint8_t *frame, size_t len)
+{
     /* Heap-backed (PBUF_RAM): pages are only touched once traffic needs them. */
     struct pbuf *p = pbuf_alloc(PBUF_RAW, (u16_t)len, PBUF_RAM);
     if (!p) {
@@ -160,6 +234,22 @@ static void rx_frame(const uint8_t *frame, size_t len, void *arg)
     pbuf_take(p, frame, (u16_t)len);
     if (nif.input(p, &nif) != ERR_OK)
         pbuf_free(p);
+}
+
+static void rx_frame(const uint8_t *frame, size_t len, void *arg)
+{
+    (void)arg;
+    unsigned n = __atomic_load_n(&spread, __ATOMIC_ACQUIRE);
+    if (n > 1) {
+        int to = frame_core(frame, len, n);
+        for (unsigned k = 1; to < 0 && k < n; k++)
+            hand_on(k, frame, len);
+        if (to > 0) {
+            hand_on((unsigned)to, frame, len);
+            return;
+        }
+    }
+    input(frame, len);
 }
 
 static err_t linkoutput(struct netif *n, struct pbuf *p)
@@ -224,9 +314,24 @@ void net_init(void)
         PANIC("dhcp_start failed");
 }
 
+/* Another core's frames: its ring, oldest first. */
+static int ring_poll(struct frame_ring *r)
+{
+    int n = 0;
+    uint32_t tail = r->tail;
+    while (n < RX_BUDGET && tail != __atomic_load_n(&r->head, __ATOMIC_ACQUIRE)) {
+        const struct frame_slot *s = &r->slot[tail % RING_SLOTS];
+        input(s->data, s->len);
+        __atomic_store_n(&r->tail, ++tail, __ATOMIC_RELEASE);
+        n++;
+    }
+    return n;
+}
+
 int net_poll(void)
 {
-    int n = virtio_net_rx_poll(rx_frame, NULL, 64);
+    unsigned me = platform_cpu();
+    int n = me ? ring_poll(rings[me]) : virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET);
     sys_check_timeouts();
     virtio_net_flush();
     return n;
@@ -234,12 +339,73 @@ int net_poll(void)
 
 int net_has_address(void)
 {
-    return dhcp_supplied_address(&nif);
+    return platform_cpu() ? given.ready : dhcp_supplied_address(&nif);
+}
+
+void net_share(unsigned cpus)
+{
+    for (unsigned k = 1; k < cpus; k++) {
+        rings[k] = platform_ram_alloc(sizeof *rings[k], 64); /* above the image: alike */
+        ASSERT(platform_is_shared(rings[k], sizeof *rings[k]));
+    }
+}
+
+int net_spread(unsigned cpus, uint32_t wait_ms)
+{
+    given.ip = *netif_ip4_addr(&nif);
+    given.mask = *netif_ip4_netmask(&nif);
+    given.gw = *netif_ip4_gw(&nif);
+    __atomic_store_n(&given.ready, 1, __ATOMIC_RELEASE);
+    uint32_t t0 = platform_now_ms();
+    while (__atomic_load_n(&cores_up, __ATOMIC_ACQUIRE) < cpus - 1) {
+        if (platform_now_ms() - t0 > wait_ms)
+            return 0;
+        net_poll();
+    }
+    __atomic_store_n(&spread, cpus, __ATOMIC_RELEASE);
+    return 1;
+}
+
+void net_init_secondary(void)
+{
+    while (!__atomic_load_n(&given.ready, __ATOMIC_ACQUIRE))
+        platform_idle(1000);
+    isn_keygen(); /* RDSEED/RDRAND: the virtio-rng is core 0's */
+    lwip_init();
+    if (!netif_add(&nif, &given.ip, &given.mask, &given.gw, NULL, netif_setup, ethernet_input))
+        PANIC("netif_add failed");
+    netif_set_default(&nif);
+    netif_set_up(&nif);
+    netif_set_link_up(&nif);
+}
+
+void net_up(void)
+{
+    __atomic_fetch_add(&cores_up, 1, __ATOMIC_RELEASE);
+}
+
+void net_wait(uint32_t us)
+{
+    struct frame_ring *r = rings[platform_cpu()];
+    uint32_t next = sys_timeouts_sleeptime(); /* ms to lwIP's next timer */
+    if (next * 1000ull < us)
+        us = next * 1000;
+    __atomic_store_n(&r->sleeping, 1, __ATOMIC_SEQ_CST);
+    if (us && r->tail == __atomic_load_n(&r->head, __ATOMIC_SEQ_CST))
+        platform_idle(us); /* a frame put meanwhile has sent the wake: returns at once */
+    __atomic_store_n(&r->sleeping, 0, __ATOMIC_RELAXED);
 }
 
 void net_log_stats(void)
 {
     const struct virtio_net_stats *st = virtio_net_stats();
+    unsigned me = platform_cpu();
+    if (me) {
+        platform_printf("orisha: net cpu %u rx %lu ring_full %lu rx_dropped %lu tx_dropped %lu\n",
+                        me, (unsigned long)rings[me]->tail, (unsigned long)rings[me]->full,
+                        (unsigned long)rx_dropped, (unsigned long)tx_dropped);
+        return;
+    }
     platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu tx_dropped %lu\n",
                     (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
                     (unsigned long)st->tx_full, (unsigned long)rx_dropped,

@@ -57,6 +57,8 @@ void *platform_ram_alloc(size_t size, size_t align);
  * sent while the core was busy ends its next wait at once. */
 unsigned platform_start_cpus(void (*entry)(unsigned cpu));
 unsigned platform_cpus(void);
+/* How many `orisha boot --cpus` asked for (known before they start). */
+unsigned platform_cpus_asked(void);
 /* This core's index: 0 for the boot processor. */
 unsigned platform_cpu(void);
 /* The application's state (.data, .bss) is per core: each core's page tables map it

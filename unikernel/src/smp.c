@@ -247,6 +247,11 @@ unsigned platform_start_cpus(void (*entry)(unsigned cpu))
     return online;
 }
 
+unsigned platform_cpus_asked(void)
+{
+    return asked;
+}
+
 unsigned platform_cpus(void)
 {
     return online;

@@ -229,7 +229,9 @@ void virtio_queue_setup(struct virtio_dev *dev, struct virtq *q, uint16_t index,
     size_t used_sz = 6u + 8u * size;
     size_t total = used_off + align_up(used_sz, LEGACY_ALIGN);
     uint8_t *mem = platform_arena_alloc(total, LEGACY_ALIGN);
-    /* Arena memory is fresh (zeroed) RAM: rings start empty. */
+    /* Arena memory is fresh (zeroed) RAM: rings start empty. The device reads it by
+     * its physical address, which only memory mapped alike on every core has. */
+    ASSERT(platform_is_shared(mem, total));
 
     q->dev = dev;
     q->index = index;

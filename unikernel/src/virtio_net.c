@@ -1,3 +1,9 @@
+/*
+ * virtio-net: one RX and one TX queue, polled. More cores (smp.c): only core 0
+ * receives (net.c hands frames on), but any core transmits, so the driver's state
+ * and buffers are mapped alike on every core (PLATFORM_SHARED, the platform arena)
+ * and the TX queue is taken under a lock from tx_begin to tx_commit.
+ */
 #include <string.h>
 #include "virtio_net.h"
 #include "virtio.h"
@@ -13,16 +19,29 @@
 
 #define VIRTIO_NET_PCI_ID 0x1000 /* transitional virtio-net-pci */
 
-static struct virtio_dev dev;
-static struct virtq rxq, txq;
-static uint8_t *rx_bufs, *tx_bufs;
-static uint16_t tx_free[QUEUE_MAX];
-static uint16_t tx_free_count;
-static int tx_pending_id = -1;
-static size_t hdr_len;
-static uint8_t mac[6];
-static struct virtio_net_stats stats;
-static char describe[96];
+static struct virtio_dev dev PLATFORM_SHARED;
+static struct virtq rxq PLATFORM_SHARED, txq PLATFORM_SHARED;
+static uint8_t *rx_bufs PLATFORM_SHARED, *tx_bufs PLATFORM_SHARED;
+static uint16_t tx_free[QUEUE_MAX] PLATFORM_SHARED;
+static uint16_t tx_free_count PLATFORM_SHARED;
+static int tx_pending PLATFORM_SHARED; /* tx_begin handed out tx_pending_id */
+static uint16_t tx_pending_id PLATFORM_SHARED;
+static int tx_lock PLATFORM_SHARED;
+static size_t hdr_len PLATFORM_SHARED;
+static uint8_t mac[6] PLATFORM_SHARED;
+static struct virtio_net_stats stats PLATFORM_SHARED;
+static char describe[96] PLATFORM_SHARED;
+
+static void lock_tx(void)
+{
+    while (__atomic_exchange_n(&tx_lock, 1, __ATOMIC_ACQUIRE))
+        cpu_relax();
+}
+
+static void unlock_tx(void)
+{
+    __atomic_store_n(&tx_lock, 0, __ATOMIC_RELEASE);
+}
 
 static void rx_post(uint16_t id)
 {
@@ -76,6 +95,8 @@ int virtio_net_init(void)
     virtio_queue_setup(&dev, &txq, TXQ, QUEUE_MAX);
     rx_bufs = platform_arena_alloc((size_t)rxq.size * BUF_SIZE, 4096);
     tx_bufs = platform_arena_alloc((size_t)txq.size * BUF_SIZE, 4096);
+    ASSERT(platform_is_shared(rx_bufs, (size_t)rxq.size * BUF_SIZE)); /* DMA: virtual = physical */
+    ASSERT(platform_is_shared(tx_bufs, (size_t)txq.size * BUF_SIZE));
     for (uint16_t i = 0; i < txq.size; i++)
         tx_free[i] = (uint16_t)(txq.size - 1 - i);
     tx_free_count = txq.size;
@@ -129,7 +150,8 @@ static void tx_reclaim(void)
 
 uint8_t *virtio_net_tx_begin(void)
 {
-    ASSERT(tx_pending_id < 0);
+    lock_tx();
+    ASSERT(!tx_pending);
     tx_reclaim();
     if (!tx_free_count) {
         /* Ring full: make sure the device knows, then wait a bounded time. */
@@ -140,9 +162,12 @@ uint8_t *virtio_net_tx_begin(void)
             cpu_relax();
             tx_reclaim();
         }
-        if (!tx_free_count)
+        if (!tx_free_count) {
+            unlock_tx();
             return NULL;
+        }
     }
+    tx_pending = 1;
     tx_pending_id = tx_free[--tx_free_count];
     uint8_t *buf = tx_bufs + (size_t)tx_pending_id * BUF_SIZE;
     memset(buf, 0, hdr_len); /* no offloads: flags 0, gso NONE */
@@ -151,9 +176,9 @@ uint8_t *virtio_net_tx_begin(void)
 
 void virtio_net_tx_commit(size_t len)
 {
-    ASSERT(tx_pending_id >= 0 && len <= VIRTIO_NET_MAX_FRAME);
-    uint16_t id = (uint16_t)tx_pending_id;
-    tx_pending_id = -1;
+    ASSERT(tx_pending && len <= VIRTIO_NET_MAX_FRAME);
+    uint16_t id = tx_pending_id;
+    tx_pending = 0;
     volatile struct virtq_desc *d = &txq.desc[id];
     d->addr = (uintptr_t)(tx_bufs + (size_t)id * BUF_SIZE);
     d->len = (uint32_t)(hdr_len + len);
@@ -164,13 +189,17 @@ void virtio_net_tx_commit(size_t len)
     /* Kick early when a batch builds up so the device can work in parallel. */
     if (txq.unkicked >= 32)
         virtio_queue_kick(&txq);
+    unlock_tx();
 }
 
 void virtio_net_flush(void)
 {
+    lock_tx();
     virtio_queue_kick(&txq);
-    virtio_queue_kick(&rxq);
     tx_reclaim();
+    unlock_tx();
+    if (platform_cpu() == 0) /* the receiving core's queue */
+        virtio_queue_kick(&rxq);
 }
 
 const struct virtio_net_stats *virtio_net_stats(void)

@@ -15,10 +15,11 @@ const uint8_t *virtio_net_mac(void);
 const char *virtio_net_describe(void);
 
 typedef void (*virtio_net_rx_fn)(const uint8_t *frame, size_t len, void *arg);
-/* Deliver up to 'budget' received frames; returns how many were delivered. */
+/* Deliver up to 'budget' received frames; returns how many were delivered. Core 0. */
 int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget);
 
-/* Get a TX frame buffer (VIRTIO_NET_MAX_FRAME bytes), NULL if the ring stays full. */
+/* Get a TX frame buffer (VIRTIO_NET_MAX_FRAME bytes), NULL if the ring stays full;
+ * any core, holding the TX queue until virtio_net_tx_commit. */
 uint8_t *virtio_net_tx_begin(void);
 void virtio_net_tx_commit(size_t len);
 /* Notify the device of queued TX frames / re-posted RX buffers. */
