@@ -99,6 +99,7 @@ def test_two_cores_come_online_and_the_second_waits_without_spinning(image, acce
     vm = Booted(image, ["--cpus", "2", "--accel", accel])
     try:
         assert "2 cores online" in _serving(vm), vm.log
+        assert "(loop unikernel, 2 workers, pid" in vm.line, vm.line
         c = Conn(vm.port)
         r = c.request("/")
         assert r.status == 200 and r.body == open(os.path.join(DEMO, "index.html"), "rb").read()
@@ -122,6 +123,7 @@ def test_one_core_is_as_before(image):
     vm = Booted(image, ["--cpus", "1"])
     try:
         assert "1 core online" in _serving(vm) and not any("cpu 1" in s for s in vm.log), vm.log
+        assert "(loop unikernel, 1 worker, pid" in vm.line, vm.line
         assert set(_vcpu_seconds(_qemu_pid(vm))) == {"CPU 0"}
         assert Conn(vm.port).request("/").status == 200
     finally:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Measure QEMU start -> first complete HTTP response, wall clock.
 
-usage: tools/boottime.py IMAGE [--runs N] [--port P] [--https CA] (env ACCEL/MACHINE/MEM as run.sh)
+usage: tools/boottime.py IMAGE [--runs N] [--port P] [--https CA] (env ACCEL/MACHINE/MEM as run.sh,
+CPUS: the vCPUs, as `orisha boot --cpus`)
 Each attempt opens a fresh connection with a short timeout, sends a GET and
 waits for a full response head; retries until one arrives (max 30 s).
 --https CA: the image's TLS port (443), a full TLS handshake verified with CA
@@ -13,8 +14,9 @@ import argparse, os, signal, socket, ssl, statistics, subprocess, sys, threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
-from orisha.targets.unikernel.boot import (GUEST_HTTP, GUEST_TLS, guest_megabytes,  # noqa: E402
-                                           qemu_command, resolve_accel)
+from orisha.core.policy import Limits  # noqa: E402
+from orisha.targets.unikernel.boot import (GUEST_HTTP, GUEST_TLS, cmdline,  # noqa: E402
+                                           guest_megabytes, qemu_command, resolve_accel)
 
 TLS = None  # an ssl.SSLContext with --https
 
@@ -22,11 +24,12 @@ TLS = None  # an ssl.SSLContext with --https
 def command(image, port):
     """What unikernel/run.sh runs, from the same environment variables."""
     mem = os.environ.get("MEM", "").rstrip("M")
+    cpus = int(os.environ.get("CPUS", "1"))
+    machine = os.environ.get("MACHINE", "microvm")
     return qemu_command(image, "127.0.0.1", port, resolve_accel(os.environ.get("ACCEL", "auto")),
-                        int(mem) if mem else guest_megabytes(image, os.environ.get("MACHINE", "microvm")),
-                        os.environ.get("APPEND", ""),
-                        os.environ.get("MACHINE", "microvm"),
-                        guest_port=GUEST_TLS if TLS else GUEST_HTTP)
+                        int(mem) if mem else guest_megabytes(image, machine, cpus),
+                        " ".join(filter(None, [cmdline(Limits(), cpus), os.environ.get("APPEND", "")])),
+                        machine, guest_port=GUEST_TLS if TLS else GUEST_HTTP, cpus=cpus)
 
 def attempt(port, timeout):
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)

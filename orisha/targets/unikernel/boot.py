@@ -27,6 +27,7 @@ Ctrl-C reaches this process alone and is drained like SIGTERM.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -368,11 +369,20 @@ def _drain(vm: _Vm, grace: float, force: threading.Event) -> None:
                         + (f": {panic.strip()}" if panic else ""))
 
 
-def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manifest: dict) -> str:
+def _cores(vm: _Vm) -> int:
+    """The cores serving, from the kernel's serving line (``2 cores online``)."""
+    line = next((s for s in vm.serial if "orisha: serving" in s), "")
+    m = re.search(r"(\d+) cores? online", line)
+    return int(m.group(1)) if m else 1
+
+
+def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manifest: dict,
+                  cores: int = 1) -> str:
     urls = f"https://{host}:{port}/" if tls else f"http://{host}:{port}/"
     if http_port:
         urls += f" and http://{host}:{http_port}/"
-    return (f"orisha: serving {urls} (loop unikernel, 1 worker, pid {os.getpid()}): "
+    workers = f"{cores} worker" + ("s" if cores > 1 else "")  # a core each, as a worker process
+    return (f"orisha: serving {urls} (loop unikernel, {workers}, pid {os.getpid()}): "
             f"{manifest.get('summary', '')}")
 
 
@@ -415,7 +425,7 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
             print("orisha: QEMU's port forward keeps its backlog of 1: bursts of new connections "
                   "may wait seconds", file=log, flush=True)
         ms = (time.monotonic() - started) * 1000
-        announce(_serving_line(host, port, tls, http_port, manifest))
+        announce(_serving_line(host, port, tls, http_port, manifest, _cores(vm)))
         sys.stdout.flush()
         print(f"orisha: booted {image} in {ms:.0f} ms ({accel}, {memory} MiB)", file=log, flush=True)
         _serve_until_stopped(vm, stop)
