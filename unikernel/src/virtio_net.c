@@ -194,10 +194,15 @@ void virtio_net_tx_commit(size_t len)
 
 void virtio_net_flush(void)
 {
+    /* Nothing queued to kick, nothing used to reclaim: leave the lock alone (core 0
+     * passes here on every turn of its loop; the others must get the lock fast). */
+    if (!__atomic_load_n(&txq.unkicked, __ATOMIC_RELAXED) && txq.last_used == txq.used->idx)
+        goto rx;
     lock_tx();
     virtio_queue_kick(&txq);
     tx_reclaim();
     unlock_tx();
+rx:
     if (platform_cpu() == 0) /* the receiving core's queue */
         virtio_queue_kick(&rxq);
 }
