@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from conftest import DEMO, MODES, ROOT, TEST_LIMITS, demo_file, orisha
 from httpraw import read_to_close
 from tlsutil import client_context, make_pki, serve
-from unikernel_target import build
+from unikernel_target import build, with_test_cpus
 
 from test_conformance import *  # noqa: F401,F403  (the suite, run again over TLS below)
 
@@ -63,7 +63,7 @@ class TlsBoot:
         self.log: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orisha.cli", "boot", out, "--port", "0", "--http-port", "0",
-             *TEST_LIMITS, *limits], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+             *with_test_cpus([*TEST_LIMITS, *limits])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=ROOT)
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
         self.line = self.proc.stdout.readline()

@@ -4,6 +4,7 @@
 into a temporary directory and starts ``orisha boot OUT --port 0`` with the
 limits; the object it returns looks like conftest's ``Server`` (``port``,
 ``line``, ``proc``, ``stop()``). A boot that fails raises with the serial log.
+``ORISHA_TEST_CPUS=N`` boots every such image with ``--cpus N``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ from conftest import Server
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def with_test_cpus(opts) -> list[str]:
+    """``ORISHA_TEST_CPUS=2``: every image the suites boot gets that many vCPUs (``orisha
+    boot --cpus``), so the conformance, hostile and TLS suites run on more cores too."""
+    cpus = os.environ.get("ORISHA_TEST_CPUS")
+    return [*opts, "--cpus", cpus] if cpus and "--cpus" not in opts else list(opts)
+
+
 class Booted:
     def __init__(self, out: str, limit_opts: list[str], tmp: str | None = None) -> None:
         self.tmp = tmp
         self.log: list[str] = []
+        limit_opts = with_test_cpus(limit_opts)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orisha.cli", "boot", out, "--port", "0", *limit_opts],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
