@@ -48,7 +48,7 @@ static void step(void)
  * core 0 hears the console and tells the others to stop; each says when it is idle.
  */
 #define IDLE_US 10000       /* an idle core sleeps at most this long (wake IPIs end it) */
-#define CORES_UP_MS 5000    /* every core listening, else core 0 serves alone */
+#define CORES_UP_MS 5000    /* every core listening within this, else PANIC */
 
 static int stop_all PLATFORM_SHARED;
 static struct {

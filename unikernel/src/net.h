@@ -14,7 +14,7 @@ void net_log_stats(void);
 /* More cores (see net.c). Core 0: rings for cores 1..cpus-1 (before they start);
  * once it has an address, hand it to them and, when all of them are up (net_up)
  * within wait_ms, spread received segments over the cpus cores (0: some did not
- * come up; core 0 keeps serving alone). Cores 1..: lwIP on that address (waits for
+ * come up in time). Cores 1..: lwIP on that address (waits for
  * it), net_up once listening; net_wait: sleep up to `us` (less when an lwIP timer
  * is due) unless a frame arrives. */
 void net_share(unsigned cpus);
