@@ -150,6 +150,9 @@ def check_tap(name: str, cpus: int) -> None:
     if cpus > 1 and not tun_flags & IFF_MULTI_QUEUE:
         raise BootError(f"--tap {name}: --cpus {cpus} needs a multi_queue tap (ip tuntap add "
                         f"dev {name} mode tap multi_queue)")
+    if cpus == 1 and tun_flags & IFF_MULTI_QUEUE:  # QEMU opens one queue without the flag
+        raise BootError(f"--tap {name}: a multi_queue tap needs --cpus 2 or more (QEMU attaches "
+                        "one queue to a tap made without multi_queue)")
 
 
 def check_address(address: str | None, gateway: str | None, tap: str | None) -> None:
@@ -467,6 +470,9 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     ``address`` (static, with ``gateway``) or the address DHCP on the tap's side gives;
     PORT and ``http_port`` do not apply there (the guest's own 80 and 443)."""
     limits = limits or Limits()
+    check_address(address, gateway, tap)
+    if tap:
+        check_tap(tap, cpus)
     manifest = _manifest(out)
     image = os.path.join(out, manifest["image"])
     if not os.path.isfile(image):
@@ -475,9 +481,7 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     if http_port is not None and not tls:
         raise BootError(f"--http-port: {out} serves plain HTTP only, on --port (build it with "
                         "--tls-cert/--tls-key for a TLS port beside it)")
-    check_address(address, gateway, tap)
     if tap:
-        check_tap(tap, cpus)
         http_port = None
     accel = resolve_accel(accel)
     memory = memory or guest_megabytes(image, cpus=cpus)
