@@ -3,7 +3,8 @@
 Strategy: one QEMU process per boot (microvm, the kernel as ``-kernel``, user
 networking forwarding HOST:PORT to guest port 80, or to its TLS port 443 for an
 image built with a certificate, whose port 80 is forwarded from ``http_port``
-when one is given); ``qemu_command`` is the one
+when one is given; or, with ``--tap NAME``, a tap device the guest answers on at its own
+address, a virtio-net queue pair per vCPU: check_tap, check_address); ``qemu_command`` is the one
 place its command line is written (``unikernel/run.sh`` prints it with
 ``python3 -m orisha.targets.unikernel.boot --print-command``). The serial
 console is the kernel's log: it is streamed to stderr, and its ``serving`` line
