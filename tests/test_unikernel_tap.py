@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from conftest import DEMO, orisha
