@@ -98,7 +98,8 @@ def image(tmp_path_factory):
 def _tap(multi_queue: bool):
     """A tap of this test's own: (name, host address, guest address/NN)."""
     n = os.getpid() % 250 + 1
-    name, net = f"orisha-mq{n}", f"10.79.{n}"
+    name = f"orisha-mq{n}{'m' if multi_queue else 'p'}"  # IFNAMSIZ: at most 15 bytes
+    net = f"10.{79 if multi_queue else 80}.{n}"
     subprocess.run(["ip", "link", "del", name], capture_output=True)  # a crashed run's leftover
     try:
         for cmd in (["tuntap", "add", "dev", name, "mode", "tap"] + ["multi_queue"] * multi_queue,
@@ -226,3 +227,15 @@ def test_one_core_on_a_tap_uses_one_queue(image, plain_tap):
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
     assert not any(" queue " in s for s in vm.log), vm.log
+
+
+@needs_tap
+def test_a_tap_of_the_wrong_kind_for_the_cpus_is_a_one_line_error(image, tap, plain_tap):
+    """QEMU opens a one-queue tap without IFF_MULTI_QUEUE, and N queues only on a
+    multi_queue one: each mismatch is refused before QEMU starts."""
+    for name, cpus, words in ((tap[0], "1", "needs --cpus 2 or more"),
+                              (plain_tap[0], "2", "needs a multi_queue tap")):
+        r = orisha("boot", image, "--tap", name, "--cpus", cpus, timeout=60)
+        lines = r.stderr.splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and f"--tap {name}" in lines[0] \
+            and words in lines[0], r.stderr
