@@ -289,12 +289,19 @@ def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]
               "(whose TLS port --port reaches): also forward PORT to its plain port 80 (0: a free port).")
 @_ranged("cpus", default=1, show_default=True,
          help="vCPUs (QEMU -smp; the kernel reads the count from its command line).")
+@click.option("--tap", metavar="NAME", help="Attach the guest to tap device NAME instead of "
+              "user networking (multi_queue for --cpus > 1: a queue pair per vCPU); it answers "
+              "on its own address, ports 80 and 443 (--port does not apply).")
+@click.option("--address", metavar="A.B.C.D/NN", help="With --tap: the guest's static address "
+              "(no DHCP) [default: DHCP on the tap's side].")
+@click.option("--gateway", metavar="A.B.C.D", help="With --address: the guest's default gateway.")
 @_limit_options
-def boot(path, host, port, accel, memory, http_port, cpus, **limits) -> None:
+def boot(path, host, port, accel, memory, http_port, cpus, tap, address, gateway, **limits) -> None:
     """Boot a unikernel build (orisha build --loop unikernel) under QEMU."""
     from .targets.unikernel.boot import boot as run_boot
     sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
-                      limits=Limits(**limits), http_port=http_port, cpus=cpus))
+                      limits=Limits(**limits), http_port=http_port, cpus=cpus, tap=tap,
+                      address=address, gateway=gateway))
 
 
 @main.command()

@@ -25,6 +25,7 @@
 #define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
 #define STATS_MS 10000       /* orisha.verbose: net counters this often */
 #define DHCP_WARN_MS 5000
+#define IDLE_US 10000        /* an idle core sleeps at most this long (wake IPIs end it) */
 
 enum command { NONE, STOP, EXIT };
 
@@ -36,7 +37,7 @@ static void step(void)
     if (!net_poll()) {
         http_idle();
         if (!tls_prepare())
-            cpu_relax();
+            net_wait(IDLE_US); /* core 0: spins, unless it has a queue pair of its own */
     }
     platform_wallclock_poll();
 }
@@ -47,7 +48,6 @@ static void step(void)
  * DHCP got, fed with the segments core 0 hands it. What the cores share is here:
  * core 0 hears the console and tells the others to stop; each says when it is idle.
  */
-#define IDLE_US 10000       /* an idle core sleeps at most this long (wake IPIs end it) */
 #define CORES_UP_MS 5000    /* every core listening within this, else PANIC */
 
 static int stop_all PLATFORM_SHARED;

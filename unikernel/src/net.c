@@ -10,6 +10,19 @@
  * single producer (core 0), single consumer, in memory mapped alike on every core,
  * and a wake IPI when the core sleeps; ARP goes to every core; anything else stays
  * on core 0. Transmits from any core share the one TX queue (virtio_net.c's lock).
+ *
+ * A queue pair per core (virtio_net_pairs() > 1: tap with queues=N): each core polls
+ * its own RX queue and sends on its own TX queue; the host's tap keeps a flow on one
+ * queue (the one its SYN hashed to, then the one the guest answers it on), so no
+ * segment is handed on. ARP is replicated instead: a broadcast request reaches one
+ * queue only, yet every core's lwIP needs the host's MAC for its own replies and must
+ * not send ARP requests of its own whose replies the tap might steer to another
+ * queue; so the core that receives an ARP frame answers it and copies it to every
+ * other core's ring (now one per core, core 0's too, under a lock for its producers).
+ * Every core then learns the same entry, and any one answer serves the host.
+ *
+ * The address: DHCP on core 0, or static from the command line (orisha.ip=A.B.C.D/NN,
+ * orisha.gw=A.B.C.D, as `orisha boot --address/--gateway` write it; no DHCP then).
  */
 #include <string.h>
 #include "lwip/init.h"
@@ -29,6 +42,7 @@
 #include "virtio_rng.h"
 #include "platform.h"
 #include "policy.h"
+#include "io.h"
 
 static struct netif nif;
 static uint64_t rx_dropped, tx_dropped;
@@ -41,7 +55,8 @@ struct frame_slot {
     uint8_t data[SLOT_DATA];
 };
 struct frame_ring {
-    uint32_t head __attribute__((aligned(64))); /* core 0 writes it: frames put */
+    int put_lock __attribute__((aligned(64)));  /* producers: core 0, or any core's ARP */
+    uint32_t head __attribute__((aligned(64))); /* the producer writes it: frames put */
     uint32_t tail __attribute__((aligned(64))); /* the core writes it: frames taken */
     uint32_t sleeping __attribute__((aligned(64)));
     uint64_t full;                              /* frames core 0 dropped: ring full */
@@ -56,6 +71,8 @@ static struct {
     int ready;
     ip4_addr_t ip, mask, gw;
 } given PLATFORM_SHARED;
+static int is_static; /* core 0: the address came from the command line */
+static uint64_t arp_copied;
 
 /* lwIP NO_SYS time base. */
 u32_t sys_now(void)
@@ -206,19 +223,24 @@ static int frame_core(const uint8_t *f, size_t len, unsigned n)
     return (int)(h % n);
 }
 
-/* Core 0: a copy of the frame into core `to`'s ring, and a wake if it sleeps. */
+/* A copy of the frame into core `to`'s ring, and a wake if it sleeps. The producer:
+ * core 0 (one queue pair), or with a pair per core whichever core received an ARP. */
 static void hand_on(unsigned to, const uint8_t *frame, size_t len)
 {
     struct frame_ring *r = rings[to];
+    while (__atomic_exchange_n(&r->put_lock, 1, __ATOMIC_ACQUIRE))
+        cpu_relax();
     uint32_t head = r->head;
     if (head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) >= RING_SLOTS || len > SLOT_DATA) {
         r->full++; /* dropped: TCP retransmits */
+        __atomic_store_n(&r->put_lock, 0, __ATOMIC_RELEASE);
         return;
     }
     struct frame_slot *s = &r->slot[head % RING_SLOTS];
     s->len = (uint32_t)len;
     memcpy(s->data, frame, len);
     __atomic_store_n(&r->head, head + 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&r->put_lock, 0, __ATOMIC_RELEASE);
     if (__atomic_exchange_n(&r->sleeping, 0, __ATOMIC_SEQ_CST))
         platform_wake(to);
 }
@@ -240,6 +262,17 @@ static void rx_frame(const uint8_t *frame, size_t len, void *arg)
 {
     (void)arg;
     unsigned n = __atomic_load_n(&spread, __ATOMIC_ACQUIRE);
+    if (virtio_net_pairs() > 1) { /* this core's own queue: only ARP goes on */
+        unsigned me = platform_cpu();
+        if (n > 1 && len >= 14 && frame[12] == 0x08 && frame[13] == 0x06) /* ARP */
+            for (unsigned k = 0; k < n; k++)
+                if (k != me) {
+                    hand_on(k, frame, len);
+                    arp_copied++;
+                }
+        input(frame, len);
+        return;
+    }
     if (n > 1) {
         int to = frame_core(frame, len, n);
         for (unsigned k = 1; to < 0 && k < n; k++)
@@ -284,7 +317,7 @@ static err_t netif_setup(struct netif *n)
 
 static void status_changed(struct netif *n)
 {
-    if (!ip4_addr_isany_val(*netif_ip4_addr(n))) {
+    if (!is_static && !ip4_addr_isany_val(*netif_ip4_addr(n))) {
         char ip[16], mask[16], gw[16];
         const uint8_t *m = n->hwaddr;
         ip4addr_ntoa_r(netif_ip4_addr(n), ip, sizeof ip);
@@ -294,6 +327,46 @@ static void status_changed(struct netif *n)
                         "mac %02x:%02x:%02x:%02x:%02x:%02x\n",
                         ip, mask, gw, m[0], m[1], m[2], m[3], m[4], m[5]);
     }
+}
+
+/* The value of command-line option `key` (e.g. "orisha.ip=") into buf; 0 if absent. */
+static int option(const char *key, char *buf, size_t size)
+{
+    const char *c = platform_cmdline();
+    size_t klen = strlen(key);
+    for (const char *p = c; *p; p++) {
+        if ((p != c && p[-1] != ' ') || strncmp(p, key, klen) != 0)
+            continue;
+        size_t n = 0;
+        for (p += klen; *p && *p != ' ' && n + 1 < size; p++)
+            buf[n++] = *p;
+        buf[n] = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* orisha.ip=A.B.C.D/NN [orisha.gw=A.B.C.D]: returns 1 and fills `given`, 0 without
+ * orisha.ip. `orisha boot` checks both; a bad one here is a PANIC that names it. */
+static int static_address(void)
+{
+    char v[24];
+    if (!option("orisha.ip=", v, sizeof v))
+        return 0;
+    char *slash = strchr(v, '/');
+    unsigned prefix = 0;
+    if (slash) {
+        *slash = 0;
+        for (const char *d = slash + 1; *d >= '0' && *d <= '9'; d++)
+            prefix = prefix * 10 + (unsigned)(*d - '0');
+    }
+    if (!slash || prefix < 1 || prefix > 30 || !ip4addr_aton(v, &given.ip))
+        PANIC("orisha.ip=%s: expected A.B.C.D/NN (NN 1 to 30)", v);
+    ip4_addr_set_u32(&given.mask, lwip_htonl(0xffffffffu << (32 - prefix)));
+    ip4_addr_set_zero(&given.gw);
+    if (option("orisha.gw=", v, sizeof v) && !ip4addr_aton(v, &given.gw))
+        PANIC("orisha.gw=%s: expected A.B.C.D", v);
+    return 1;
 }
 
 void net_init(void)
@@ -308,9 +381,20 @@ void net_init(void)
         PANIC("netif_add failed");
     netif_set_default(&nif);
     netif_set_status_callback(&nif, status_changed);
+    is_static = static_address();
+    if (is_static) {
+        char ip[16], mask[16], gw[16];
+        const uint8_t *m = virtio_net_mac();
+        netif_set_addr(&nif, &given.ip, &given.mask, &given.gw);
+        platform_printf("orisha: static address %s netmask %s gateway %s "
+                        "mac %02x:%02x:%02x:%02x:%02x:%02x\n",
+                        ip4addr_ntoa_r(&given.ip, ip, sizeof ip),
+                        ip4addr_ntoa_r(&given.mask, mask, sizeof mask),
+                        ip4addr_ntoa_r(&given.gw, gw, sizeof gw), m[0], m[1], m[2], m[3], m[4], m[5]);
+    }
     netif_set_up(&nif);
     netif_set_link_up(&nif);
-    if (dhcp_start(&nif) != ERR_OK)
+    if (!is_static && dhcp_start(&nif) != ERR_OK)
         PANIC("dhcp_start failed");
 }
 
@@ -328,23 +412,33 @@ static int ring_poll(struct frame_ring *r)
     return n;
 }
 
+#define MQ_SPIN_NS 50000ull
+#define MQ_NAP_US 200
+static uint64_t last_frame_ns; /* this core's last received frame (net_wait) */
+
 int net_poll(void)
 {
     unsigned me = platform_cpu();
-    int n = me ? ring_poll(rings[me]) : virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET);
+    int n;
+    if (virtio_net_pairs() > 1) /* its own queue, and the ARP other cores copied it */
+        n = virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET) + ring_poll(rings[me]);
+    else
+        n = me ? ring_poll(rings[me]) : virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET);
     sys_check_timeouts();
     virtio_net_flush();
+    if (n)
+        last_frame_ns = platform_now_ns();
     return n;
 }
 
 int net_has_address(void)
 {
-    return platform_cpu() ? given.ready : dhcp_supplied_address(&nif);
+    return platform_cpu() ? given.ready : is_static || dhcp_supplied_address(&nif);
 }
 
 void net_share(unsigned cpus)
 {
-    for (unsigned k = 1; k < cpus; k++) {
+    for (unsigned k = virtio_net_pairs() > 1 ? 0 : 1; k < cpus; k++) {
         rings[k] = platform_ram_alloc(sizeof *rings[k], 64); /* above the image: alike */
         ASSERT(platform_is_shared(rings[k], sizeof *rings[k]));
     }
@@ -387,6 +481,22 @@ void net_up(void)
 void net_wait(uint32_t us)
 {
     struct frame_ring *r = rings[platform_cpu()];
+    if (!r) { /* core 0 with one queue pair: it polls the device for every core */
+        cpu_relax();
+        return;
+    }
+    /* A pair per core: frames arrive on this core's own queue, which nothing but a poll
+     * notices (no device interrupts here). Polling on for MQ_SPIN_NS after the last
+     * frame, then naps of MQ_NAP_US: on a host with as many cores as vCPUs, vCPUs that
+     * spin take the CPU QEMU's I/O thread and the client need (bench/unikernel_cores.py). */
+    if (virtio_net_pairs() > 1) {
+        if (platform_now_ns() - last_frame_ns < MQ_SPIN_NS) {
+            cpu_relax();
+            return;
+        }
+        if (us > MQ_NAP_US)
+            us = MQ_NAP_US;
+    }
     uint32_t next = sys_timeouts_sleeptime(); /* ms to lwIP's next timer */
     if (next * 1000ull < us)
         us = next * 1000;
@@ -400,6 +510,15 @@ void net_log_stats(void)
 {
     const struct virtio_net_stats *st = virtio_net_stats();
     unsigned me = platform_cpu();
+    if (virtio_net_pairs() > 1) {
+        platform_printf("orisha: net cpu %u queue %u rx %lu tx %lu tx_ring_full %lu arp_copied %lu "
+                        "ring_full %lu rx_dropped %lu tx_dropped %lu\n", me, me,
+                        (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
+                        (unsigned long)st->tx_full, (unsigned long)arp_copied,
+                        (unsigned long)rings[me]->full, (unsigned long)rx_dropped,
+                        (unsigned long)tx_dropped);
+        return;
+    }
     if (me) {
         platform_printf("orisha: net cpu %u rx %lu ring_full %lu rx_dropped %lu tx_dropped %lu\n",
                         me, (unsigned long)rings[me]->tail, (unsigned long)rings[me]->full,

@@ -202,6 +202,11 @@ uint8_t virtio_config_read8(struct virtio_dev *dev, unsigned off)
     return mmio_read8(dev->base + MMIO_CONFIG + off);
 }
 
+uint16_t virtio_config_read16(struct virtio_dev *dev, unsigned off)
+{
+    return (uint16_t)(virtio_config_read8(dev, off) | virtio_config_read8(dev, off + 1) << 8);
+}
+
 static size_t align_up(size_t v, size_t a)
 {
     return (v + a - 1) & ~(a - 1);

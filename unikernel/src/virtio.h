@@ -84,6 +84,8 @@ void virtio_set_status(struct virtio_dev *dev, uint8_t status);
 uint64_t virtio_get_features(struct virtio_dev *dev);
 void virtio_set_features(struct virtio_dev *dev, uint64_t features);
 uint8_t virtio_config_read8(struct virtio_dev *dev, unsigned off);
+/* A little-endian 16-bit config field (two byte reads: legacy config is not aligned). */
+uint16_t virtio_config_read16(struct virtio_dev *dev, unsigned off);
 
 /* Allocate (from the platform arena) and register queue 'index'. */
 void virtio_queue_setup(struct virtio_dev *dev, struct virtq *q, uint16_t index, uint16_t max_size);

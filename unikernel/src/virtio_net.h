@@ -1,6 +1,7 @@
 /*
- * virtio-net driver: one RX and one TX queue, fixed 2 KiB buffers from the
- * platform arena, polled. Knows nothing about lwIP (see net.c).
+ * virtio-net driver: a queue pair (RX, TX) per core when the device has them
+ * (VIRTIO_NET_F_MQ), else one; fixed 2 KiB buffers in memory mapped alike on every
+ * core, polled. Knows nothing about lwIP (see net.c).
  */
 #ifndef ORISHA_VIRTIO_NET_H
 #define ORISHA_VIRTIO_NET_H
@@ -13,9 +14,13 @@
 int virtio_net_init(void);
 const uint8_t *virtio_net_mac(void);
 const char *virtio_net_describe(void);
+/* Queue pairs in use: platform_cpus_asked() (core i polls and sends on pair i), or 1
+ * (core 0 receives everything; every core sends on the one TX queue). */
+unsigned virtio_net_pairs(void);
 
 typedef void (*virtio_net_rx_fn)(const uint8_t *frame, size_t len, void *arg);
-/* Deliver up to 'budget' received frames; returns how many were delivered. Core 0. */
+/* Deliver up to 'budget' received frames of this core's pair; returns how many were
+ * delivered. Core 0 alone with one pair. */
 int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget);
 
 /* Get a TX frame buffer (VIRTIO_NET_MAX_FRAME bytes), NULL if the ring stays full;
@@ -28,6 +33,7 @@ void virtio_net_flush(void);
 struct virtio_net_stats {
     uint64_t rx_frames, tx_frames, tx_full;
 };
+/* This core's pair's counters. */
 const struct virtio_net_stats *virtio_net_stats(void);
 
 #endif

@@ -3,7 +3,8 @@
 Strategy: one QEMU process per boot (microvm, the kernel as ``-kernel``, user
 networking forwarding HOST:PORT to guest port 80, or to its TLS port 443 for an
 image built with a certificate, whose port 80 is forwarded from ``http_port``
-when one is given); ``qemu_command`` is the one
+when one is given; or, with ``--tap NAME``, a tap device the guest answers on at its own
+address, a virtio-net queue pair per vCPU: check_tap, check_address); ``qemu_command`` is the one
 place its command line is written (``unikernel/run.sh`` prints it with
 ``python3 -m orisha.targets.unikernel.boot --print-command``). The serial
 console is the kernel's log: it is streamed to stderr, and its ``serving`` line
@@ -26,6 +27,7 @@ Ctrl-C reaches this process alone and is drained like SIGTERM.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shutil
@@ -111,12 +113,18 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def cmdline(limits: Limits, cpus: int = 1) -> str:
+def cmdline(limits: Limits, cpus: int = 1, address: str | None = None,
+            gateway: str | None = None) -> str:
     """The kernel command line for the limits that differ from their defaults
     (``orisha.<attr>=<value>``; the kernel reads the same names, see policy_header), and
     the vCPU count beyond one: microvm has no ACPI (no MADT), so this is how the kernel
-    learns how many application processors to start."""
+    learns how many application processors to start. ``address`` (A.B.C.D/NN) and
+    ``gateway``: a static guest address (``orisha.ip=``, ``orisha.gw=``; no DHCP then)."""
     parts = [f"orisha.cpus={cpus}"] if cpus > 1 else []
+    if address:
+        parts.append(f"orisha.ip={address}")
+    if gateway:
+        parts.append(f"orisha.gw={gateway}")
     for limit, v in limits.changed():
         if limit.kernel:
             text = f"{v:.6f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(int(v))
@@ -125,12 +133,59 @@ def cmdline(limits: Limits, cpus: int = 1) -> str:
 
 
 GUEST_HTTP, GUEST_TLS = 80, 443  # the kernel's ports (unikernel/src/http.c, tls.h)
+IFF_MULTI_QUEUE = 0x100  # linux/if_tun.h: /sys/class/net/NAME/tun_flags
+
+
+def check_tap(name: str, cpus: int) -> None:
+    """``--tap NAME``: an existing tap device, multi_queue when more than one queue pair
+    is asked for (QEMU opens it once per queue); a BootError that names the problem."""
+    flags = f"/sys/class/net/{name}/tun_flags"
+    if not name or "/" in name or not os.path.exists(f"/sys/class/net/{name}"):
+        raise BootError(f"--tap {name}: no such network device (create it: "
+                        f"ip tuntap add dev {name} mode tap multi_queue)")
+    try:
+        with open(flags) as f:
+            tun_flags = int(f.read().strip(), 16)
+    except (OSError, ValueError):  # no tun_flags: not a tun/tap device
+        raise BootError(f"--tap {name}: not a tap device") from None
+    if cpus > 1 and not tun_flags & IFF_MULTI_QUEUE:
+        raise BootError(f"--tap {name}: --cpus {cpus} needs a multi_queue tap (ip tuntap add "
+                        f"dev {name} mode tap multi_queue)")
+    if cpus == 1 and tun_flags & IFF_MULTI_QUEUE:  # QEMU opens one queue without the flag
+        raise BootError(f"--tap {name}: a multi_queue tap needs --cpus 2 or more (QEMU attaches "
+                        "one queue to a tap made without multi_queue)")
+
+
+def check_address(address: str | None, gateway: str | None, tap: str | None) -> None:
+    """``--address A.B.C.D/NN`` and ``--gateway A.B.C.D`` (a static guest address on a tap)."""
+    if (address or gateway) and not tap:
+        raise BootError(f"--{'address' if address else 'gateway'}: only with --tap (QEMU's user "
+                        "networking gives the guest its address by DHCP)")
+    if gateway and not address:
+        raise BootError("--gateway: only with --address")
+    if not address:
+        return
+    try:
+        iface = ipaddress.IPv4Interface(address)
+    except ValueError:
+        raise BootError(f"--address {address}: expected A.B.C.D/NN (e.g. 10.0.0.2/24)") from None
+    if "/" not in address or not 1 <= iface.network.prefixlen <= 30:
+        raise BootError(f"--address {address}: expected A.B.C.D/NN with NN from 1 to 30")
+    if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
+        raise BootError(f"--address {address}: the network's own or broadcast address")
+    if gateway:
+        try:
+            gw = ipaddress.IPv4Address(gateway)
+        except ValueError:
+            raise BootError(f"--gateway {gateway}: expected A.B.C.D") from None
+        if gw not in iface.network or gw == iface.ip:
+            raise BootError(f"--gateway {gateway}: not another address in {iface.network}")
 
 
 def qemu_command(image: str, host: str, port: int, accel: str, memory: int, append: str,
                  machine: str = "microvm", guest_port: int = GUEST_HTTP,
                  http_port: int | None = None, cpu_flags: str = "",
-                 rng: bool = True, cpus: int = 1) -> list[str]:
+                 rng: bool = True, cpus: int = 1, tap: str | None = None) -> list[str]:
     """The QEMU command line, the only copy: microvm with virtio-mmio (what ``orisha boot``
     runs), or pc/q35 with transitional virtio-pci devices (the drivers' PCI path). HOST:PORT
     forwards to ``guest_port``; HOST:``http_port``, if given, to the guest's port 80.
@@ -139,7 +194,10 @@ def qemu_command(image: str, host: str, port: int, accel: str, memory: int, appe
     source beside RDSEED/RDRAND (unikernel/src/virtio_rng.c), and its only one on a CPU
     model without them. ``cpu_flags`` (``-rdrand,-rdseed``) and ``rng=False`` are for
     tests that take either away. ``cpus``: ``-smp`` (the kernel hears the count from
-    ``cmdline``)."""
+    ``cmdline``). ``tap``: the guest on that tap device instead of user networking (no
+    forwards: it answers on its own address), with a queue pair per vCPU beyond one
+    (``queues=N``, ``mq=on``; virtio-pci also gets the 2N+2 MSI-X vectors Linux guests
+    want, unused by this polling driver)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise BootError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
@@ -157,12 +215,20 @@ def qemu_command(image: str, host: str, port: int, accel: str, memory: int, appe
                "-device", f"virtio-rng-{bus},rng=rng0{legacy}"] if rng else []
     # debug-threads: QEMU names each vCPU's thread ("CPU 1/KVM"), so the host can see
     # (and tests can check) what every core costs.
+    if tap:
+        netdev = f"tap,id=n0,ifname={tap},script=no,downscript=no"
+        nic = f"virtio-net-{bus},netdev=n0{legacy}"
+        if cpus > 1:
+            netdev += f",queues={cpus}"
+            nic += ",mq=on" + (f",vectors={2 * cpus + 2}" if bus == "pci" else "")
+    else:
+        netdev = (f"user,id=n0,hostfwd=tcp:{host}:{port}-:{guest_port}"
+                  + (f",hostfwd=tcp:{host}:{http_port}-:{GUEST_HTTP}" if http_port else ""))
+        nic = f"virtio-net-{bus},netdev=n0{legacy}"
     cmd = [qemu, "-name", "orisha,debug-threads=on", *mach, *cpu, "-smp", str(cpus),
            "-m", f"{memory}M", "-nodefaults", "-no-user-config", "-display", "none",
            "-serial", "stdio", "-no-reboot", "-kernel", image,
-           "-netdev", f"user,id=n0,hostfwd=tcp:{host}:{port}-:{guest_port}"
-           + (f",hostfwd=tcp:{host}:{http_port}-:{GUEST_HTTP}" if http_port else ""),
-           "-device", f"virtio-net-{bus},netdev=n0{legacy}", *entropy,
+           "-netdev", netdev, "-device", nic, *entropy,
            "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]
     if append:
         cmd += ["-append", append]
@@ -376,10 +442,20 @@ def _cores(vm: _Vm) -> int:
     return int(m.group(1)) if m else 1
 
 
+def _guest_address(vm: _Vm) -> str:
+    """The guest's own address, from its log (``static address A`` or ``dhcp address A``)."""
+    line = next((s for s in vm.serial if re.search(r"orisha: (static|dhcp) address ", s)), "")
+    m = re.search(r"address (\d+\.\d+\.\d+\.\d+)", line)
+    return m.group(1) if m else "?"
+
+
 def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manifest: dict,
-                  cores: int = 1) -> str:
-    urls = f"https://{host}:{port}/" if tls else f"http://{host}:{port}/"
-    if http_port:
+                  cores: int = 1, tap: bool = False) -> str:
+    if tap:  # the guest's own address and ports, no forwards
+        urls = f"https://{host}/ and http://{host}/" if tls else f"http://{host}/"
+    else:
+        urls = f"https://{host}:{port}/" if tls else f"http://{host}:{port}/"
+    if http_port and not tap:
         urls += f" and http://{host}:{http_port}/"
     workers = f"{cores} worker" + ("s" if cores > 1 else "")  # a core each, as a worker process
     return (f"orisha: serving {urls} (loop unikernel, {workers}, pid {os.getpid()}): "
@@ -388,10 +464,16 @@ def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manife
 
 def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto",
          memory: int | None = None, limits: Limits | None = None, announce=print,
-         log=sys.stderr, http_port: int | None = None, cpus: int = 1) -> int:
+         log=sys.stderr, http_port: int | None = None, cpus: int = 1, tap: str | None = None,
+         address: str | None = None, gateway: str | None = None) -> int:
     """Boot OUT's image; PORT reaches its TLS port when it has one (else port 80),
-    ``http_port`` its port 80 beside TLS."""
+    ``http_port`` its port 80 beside TLS. ``tap``: on that tap device instead, at
+    ``address`` (static, with ``gateway``) or the address DHCP on the tap's side gives;
+    PORT and ``http_port`` do not apply there (the guest's own 80 and 443)."""
     limits = limits or Limits()
+    check_address(address, gateway, tap)
+    if tap:
+        check_tap(tap, cpus)
     manifest = _manifest(out)
     image = os.path.join(out, manifest["image"])
     if not os.path.isfile(image):
@@ -400,15 +482,17 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     if http_port is not None and not tls:
         raise BootError(f"--http-port: {out} serves plain HTTP only, on --port (build it with "
                         "--tls-cert/--tls-key for a TLS port beside it)")
+    if tap:
+        http_port = None
     accel = resolve_accel(accel)
     memory = memory or guest_megabytes(image, cpus=cpus)
-    if port == 0:
+    if port == 0 and not tap:
         port = free_port(host)
     if http_port == 0:
         http_port = free_port(host)
-    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits, cpus),
+    cmd = qemu_command(image, host, port, accel, memory, cmdline(limits, cpus, address, gateway),
                        guest_port=GUEST_TLS if tls else GUEST_HTTP, http_port=http_port,
-                       cpus=cpus)
+                       cpus=cpus, tap=tap)
 
     stop, force = threading.Event(), threading.Event()
 
@@ -421,11 +505,12 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     try:
         vm = _Vm(cmd, log)
         _wait_serving(vm, stop, started)
-        if not all([widen_backlog(vm.proc.pid, p) for p in (port, http_port) if p]):
+        if not tap and not all([widen_backlog(vm.proc.pid, p) for p in (port, http_port) if p]):
             print("orisha: QEMU's port forward keeps its backlog of 1: bursts of new connections "
                   "may wait seconds", file=log, flush=True)
         ms = (time.monotonic() - started) * 1000
-        announce(_serving_line(host, port, tls, http_port, manifest, _cores(vm)))
+        announce(_serving_line(_guest_address(vm) if tap else host, port, tls, http_port, manifest,
+                               _cores(vm), bool(tap)))
         sys.stdout.flush()
         print(f"orisha: booted {image} in {ms:.0f} ms ({accel}, {memory} MiB)", file=log, flush=True)
         _serve_until_stopped(vm, stop)

@@ -1,0 +1,162 @@
+"""The image on 1 vCPU against 2 vCPUs over tap, in one run.
+
+    .venv/bin/python bench/unikernel_cores.py [--rounds 3] [--seconds 5] [--conns 16]
+
+The demo site built with a test certificate (plain HTTP on 80, HTTPS on 443) boots
+with `orisha boot --tap NAME --address A/24 --cpus N` on two tap devices this script
+makes in the host's namespace (a plain one for 1 vCPU, a multi_queue one for 2: a
+queue pair per vCPU) and removes afterwards. wrk (one thread, --conns connections,
+`Connection: close`: every request a new connection, and over HTTPS a new full
+handshake) runs on the host against each, interleaved round by round. Printed per
+protocol: median req/s, the 2-vCPU / 1-vCPU ratio, and where the host's CPU went in
+the window: the whole host's busy share, the client's (wrk's) share of the host, the
+guest's vCPU threads (ms of vCPU time per request, and the share of the host).
+Needs root (tap devices), /dev/net/tun, wrk, QEMU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from tlsutil import make_pki  # noqa: E402
+
+TAPS = {1: ("obench-c1", "10.78.91", False), 2: ("obench-c2", "10.78.92", True)}
+PATH = "/css/site.css"  # 1 KB gzip: handshake- and connection-bound, not bulk
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def host_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole host, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = list(map(int, f.readline().split()[1:]))
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def vcpu_seconds(qemu: int) -> float:
+    """CPU time of QEMU's vCPU threads (named ``CPU n/KVM`` by debug-threads)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for tid in os.listdir(f"/proc/{qemu}/task"):
+        try:
+            name = open(f"/proc/{qemu}/task/{tid}/comm").read()
+            fields = open(f"/proc/{qemu}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if name.startswith("CPU "):
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def wrk(url: str, seconds: float, conns: int) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    b0, t0, w0 = *host_busy(), time.monotonic()
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "-H", "Connection: close",
+           "-H", "Accept-Encoding: gzip", url]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    b1, t1, wall = *host_busy(), time.monotonic() - w0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": float(m.group(1)) if m else 0.0, "host": (b1 - b0) / max(1, t1 - t0),
+            "client": client / (wall * os.cpu_count()), "wall": wall,
+            "errors": (errors.group(1) if errors else "") + (f" non-2xx {non2xx.group(1)}" if non2xx else "")}
+
+
+class Vm:
+    def __init__(self, image: str, cpus: int) -> None:
+        tap, net, _ = TAPS[cpus]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orisha.cli", "boot", image, "--tap", tap, "--address",
+             f"{net}.2/24", "--cpus", str(cpus)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, start_new_session=True, cwd=ROOT)
+        line = self.proc.stdout.readline()
+        if "orisha: serving" not in line:
+            raise RuntimeError(f"{cpus} vCPU: did not boot: {line!r}")
+        self.host = f"{net}.2"
+        qemu = subprocess.run(["pgrep", "-P", str(self.proc.pid), "qemu-system"],
+                              capture_output=True, text=True).stdout.split()
+        self.qemu = int(qemu[0])
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--conns", type=int, default=16)
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("bench/unikernel_cores.py: needs wrk (apt-get install wrk)")
+    tmp = tempfile.mkdtemp(prefix="orisha-cores-")
+    results: dict[tuple[str, int], list[dict]] = {}
+    try:
+        pki = make_pki(os.path.join(tmp, "pki"))
+        image = os.path.join(tmp, "img")
+        subprocess.run([sys.executable, "-m", "orisha.cli", "build", os.path.join(ROOT, "sites", "demo"),
+                        "-o", image, "--loop", "unikernel", "--tls-cert", pki.chain, "--tls-key", pki.key],
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for tap, net, mq in TAPS.values():
+            subprocess.run(["ip", "link", "del", tap], capture_output=True)
+            sh("ip", "tuntap", "add", "dev", tap, "mode", "tap", *(["multi_queue"] if mq else []))
+            sh("ip", "addr", "add", f"{net}.1/24", "dev", tap)
+            sh("ip", "link", "set", tap, "up")
+        for rnd in range(args.rounds):
+            for cpus in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                vm = Vm(image, cpus)
+                try:
+                    for proto in ("http", "https"):
+                        v0 = vcpu_seconds(vm.qemu)
+                        r = wrk(f"{proto}://{vm.host}{PATH}", args.seconds, args.conns)
+                        r["guest_ms"] = (vcpu_seconds(vm.qemu) - v0) * 1000 / max(1, r["rps"] * r["wall"])
+                        r["guest"] = (vcpu_seconds(vm.qemu) - v0) / (r["wall"] * os.cpu_count())
+                        results.setdefault((proto, cpus), []).append(r)
+                        print(f"round {rnd + 1} {proto:5} {cpus} vCPU {r['rps']:>8,.0f} req/s  host busy "
+                              f"{r['host']:.0%}  client {r['client']:.0%}  guest {r['guest']:.0%} "
+                              f"({r['guest_ms']:.2f} ms vCPU/req) {r['errors']}", flush=True)
+                finally:
+                    vm.stop()
+    finally:
+        for tap, _, _ in TAPS.values():
+            subprocess.run(["ip", "link", "del", tap], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = lambda proto, cpus, k: statistics.median(r[k] for r in results[(proto, cpus)])  # noqa: E731
+    print(f"\n{os.cpu_count()} host cores; wrk -t1 -c{args.conns}, Connection: close, {PATH}, "
+          f"{args.rounds} rounds of {args.seconds:g} s (medians)")
+    print("| protocol | vCPUs | req/s | 2 / 1 vCPU | host busy | client share | guest share | guest ms/req |")
+    print("|---|---|---|---|---|---|---|---|")
+    for proto in ("http", "https"):
+        for cpus in (1, 2):
+            ratio = f"{med(proto, 2, 'rps') / med(proto, 1, 'rps'):.2f}×" if cpus == 2 else ""
+            print(f"| {proto} | {cpus} | {med(proto, cpus, 'rps'):,.0f} | {ratio} | "
+                  f"{med(proto, cpus, 'host'):.0%} | {med(proto, cpus, 'client'):.0%} | "
+                  f"{med(proto, cpus, 'guest'):.0%} | {med(proto, cpus, 'guest_ms'):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
