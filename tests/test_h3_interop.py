@@ -73,20 +73,29 @@ def gtls(port: int, paths: list[str], folder, *opts: str, timeout: float = 60) -
     """ngtcp2's client fetching ``paths`` on one connection into ``folder``; its log (debug
     lines without the packet and HTTP dumps). A failed run fails the test."""
     folder.mkdir(exist_ok=True)
+    # A handshake may wait out the default 10 s on a loaded machine (the whole suite on 2
+    # cores): the client then exits 0 having fetched nothing. 30 s, and its log kept for
+    # ``same`` to show.
     r = subprocess.run(["gtlsclient", "--no-quic-dump", "--no-http-dump",
-                        "--exit-on-all-streams-close", "--timeout=20s", "--download", str(folder),
+                        "--exit-on-all-streams-close", "--timeout=20s", "--handshake-timeout=30s",
+                        "--download", str(folder),
                         *opts, "127.0.0.1", str(port),
                         *[f"https://127.0.0.1:{port}/{p}" for p in paths]],
                        capture_output=True, text=True, timeout=timeout)
     log = r.stderr + r.stdout
+    _LAST[0] = log
     assert r.returncode == 0 and "ngtcp2_conn_handle_expiry" not in log, log[-2000:]  # it
     return log  # exits 0 on a handshake or idle timeout, saying so
+
+
+_LAST = [""]  # the last client's log
 
 
 def same(folder, src, names) -> None:
     for n in names:
         got = (folder / n).read_bytes() if (folder / n).exists() else b""
-        assert got == (src / n).read_bytes(), f"{n}: {len(got)} bytes"
+        assert got == (src / n).read_bytes(), f"{n}: {len(got)} bytes; the client's log ends:\n" \
+            + "\n".join(_LAST[0].splitlines()[-25:])
 
 
 def test_handshake_and_a_multi_megabyte_transfer(server, site, tmp_path):
