@@ -424,6 +424,25 @@ def test_data_before_headers_is_frame_unexpected(server, pki):
     _answers(server, pki)
 
 
+def test_a_frame_header_split_between_packets_is_answered(server, pki):
+    """A request's HEADERS type in one packet and its length and section in the next (a
+    split the network makes): the frame's type is known before its length then, and the
+    connection is answered, not closed on an internal error (seen under load)."""
+    c = _Raw(server.port, pki.ca)
+    try:
+        sid = c.quic.get_next_available_stream_id()
+        frame = _headers_frame()
+        c.quic.send_stream_data(sid, frame[:1])
+        _settle(c, 0.3)
+        assert c.closed is None, c.closed
+        c.quic.send_stream_data(sid, frame[1:], True)
+        c.run(lambda: sid in c.ended, 10)
+        assert c.closed is None, c.closed
+        assert sid in c.ended and c.data[sid], c.data
+    finally:
+        c.close()
+
+
 _names = st.one_of(st.sampled_from([b":method", b":scheme", b":authority", b":path", b":protocol",
                                     b":status", b"te", b"content-length", b"connection", b"host",
                                     b"x-a", b"X-a", b"a:b", b"", b"a b", b"\xff"]),

@@ -61,6 +61,7 @@ import heapq
 import itertools
 import os
 import sys
+import traceback
 from typing import Callable
 
 import re
@@ -359,11 +360,13 @@ class _Conn:
         """H3_EXCESSIVE_LOAD for a stream (aioquic's ``H3Stream``) whose HTTP/3 layer
         holds, or waits to hold, more than ``FRAME_HEADS`` heads: a frame that is parsed
         whole (aioquic buffers one without limit) or the bytes queued behind a field
-        section QPACK-blocked."""
+        section QPACK-blocked. A frame's type may be read before its length (a varint split
+        across packets): ``frame_size`` is None then."""
         if self.h3._is_done:
             return
         most = FRAME_HEADS * self.app.limits.head
-        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size > most):
+        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size is not None
+                                       and st.frame_size > most):
             self.h3._is_done = True  # as aioquic's own protocol errors leave it
             self.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
                          reason_phrase="frame or buffered stream data too large")
@@ -732,8 +735,8 @@ class Endpoint(_Admission):
             ended = False
             self.errors += 1
             if self.errors == 1:
-                print(f"orisha: HTTP/3 connection closed on an internal error: {e!r}",
-                      file=sys.stderr)
+                print(f"orisha: HTTP/3 connection closed on an internal error: {e!r}\n"
+                      + traceback.format_exc(), file=sys.stderr, end="")
             quic.close(error_code=ErrorCode.H3_INTERNAL_ERROR, reason_phrase="internal error")
         try:
             _gather(self.out, quic.datagrams_to_send(now))
