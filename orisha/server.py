@@ -512,9 +512,9 @@ def _quic(pairs, limits: Limits, retry: bool = False):
     """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
     no certificate), and checks it once."""
     try:
-        from .protocols import h3  # aioquic is imported only by a server that speaks HTTP/3
+        from .protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
     except ImportError as e:
-        raise ServeError(f"HTTP/3 needs aioquic (a dependency of orisha: pip install aioquic), or --no-http3: {e}") \
+        raise ServeError(f"HTTP/3 needs qh3 (a dependency of orisha: pip install qh3==2.1.0), or --no-http3: {e}") \
             from None
     from .protocols.quic_tickets import Tickets
     tickets = Tickets()  # before the fork: one table for every worker of every generation

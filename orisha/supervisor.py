@@ -157,10 +157,13 @@ class FileWatch:
 class _Steering:
     """What every HTTP/3 worker of every generation shares to steer datagrams by connection
     ID (orisha/protocols/quic_steer.py): a private folder for the workers' hand-over
-    sockets (0700: no other user can hand datagrams in) and the key that masks the tags."""
+    sockets (0700: no other user can hand datagrams in), the key that masks the tags, and
+    the shared table of IDs the tags cannot name (``Owners``)."""
 
     def __init__(self, folder: str) -> None:
+        from .protocols.quic_steer import Owners
         self.folder, self.key = folder, os.urandom(16)
+        self.owners = Owners(self.key)  # before the first fork: every worker's pages
 
     @classmethod
     def make(cls) -> "_Steering | None":
@@ -174,7 +177,7 @@ class _Steering:
 
     def steer(self, gen: int, index: int):
         from .protocols.quic_steer import Steer
-        return Steer(self.folder, self.key, gen, index)
+        return Steer(self.folder, self.key, gen, index, self.owners)
 
     def remove(self) -> None:
         import shutil

@@ -7,13 +7,13 @@ from __future__ import annotations
 import datetime
 import os
 
-from aioquic.tls import CipherSuite, SessionTicket
+from qh3.tls import CipherSuite, SessionTicket
 
 from orisha.protocols.quic_tickets import SLOT, Tickets
 
 
 def _ticket(label: bytes, name: str | None = "a.test", ext=((16, b"\x00\x03\x02h3"),)):
-    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    now = datetime.datetime.utcnow().replace(microsecond=0)  # naive UTC, as qh3 makes them
     return SessionTicket(age_add=123456, cipher_suite=CipherSuite.AES_128_GCM_SHA256,
                          not_valid_after=now + datetime.timedelta(days=1), not_valid_before=now,
                          resumption_secret=os.urandom(32), server_name=name, ticket=label,

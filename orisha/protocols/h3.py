@@ -1,11 +1,12 @@
 """HTTP/3 (RFC 9114) over QUIC (RFC 9000), in front of the HTTP/1.1 core's decisions.
 
-Strategy: aioquic does QUIC — TLS 1.3 inside it, loss recovery, congestion and
-flow control, address validation and the 3x amplification limit before it
-(RFC 9000 §8.1) — sans-I/O: ``receive_datagram``, ``datagrams_to_send``,
-``get_timer``, ``handle_timer``. Its ``H3Connection`` parses what clients send
-(frames, the control and QPACK streams, request field sections, with pylsqpack
-decoding against the client's dynamic table). What a response is, this module
+Strategy: qh3 does QUIC — packets and their protection, loss recovery, congestion
+and flow control, streams, connection IDs and the 3x amplification limit before
+address validation (RFC 9000 §8.1) in its Rust core, TLS 1.3 in its Python —
+sans-I/O: ``receive_datagram``, ``datagrams_to_send``, ``get_timer``,
+``handle_timer`` (``quic_qh3.ServerConnection`` works around this release's gaps).
+Its ``H3Connection`` parses what clients send (frames, the control and QPACK
+streams, request field sections, decoded against the client's dynamic table). What a response is, this module
 decides the way ``h2.py`` does, with h2.py's own helper: the request's fields
 become the synthetic HTTP/1.1 head, ``App.plan`` (the same ``answer()`` and memo
 for every protocol) gives the Plan, and the response goes onto the QUIC stream
@@ -22,7 +23,7 @@ variant when the site is taken (``Sections.early``, with HTTP/2's selection).
 
 ``Endpoint`` is the datagram side of the loop seam (``orisha/loops/base.py``):
 one per worker, every connection of its UDP socket, demultiplexed by the
-destination connection ID as aioquic's own asyncio server does. Gather, then
+destination connection ID as qh3's own asyncio server does. Gather, then
 write once: a batch of datagrams is fed to its connections first, then each
 connection touched is asked once for what to send, and runs of equal-sized
 datagrams to one address become one GSO group. Connections are counted in
@@ -30,7 +31,7 @@ datagrams to one address become one GSO group. Connections are counted in
 dropped (the client keeps the TCP connection Alt-Svc came from). Under a flood
 of Initials — more than ``RETRY_ABOVE`` handshakes in progress — a new client
 must first prove its address with a Retry (RFC 9000 §8.1.2): the Retry packet
-and its token are stateless, so spoofed Initials cost a datagram, not a
+and its token (``quic_retry.py``: bound to the address, expiring) are stateless, so spoofed Initials cost a datagram, not a
 connection. Graceful stop:
 GOAWAY on the control stream (§5.2), then CONNECTION_CLOSE with H3_NO_ERROR
 once every response is acknowledged.
@@ -44,8 +45,8 @@ new clients' Initials to its successor. Nothing here ever answers a datagram of 
 unknown connection (no stateless reset): it is dropped and counted (``strays``).
 
 Several sites and certificates, as over TLS/TCP (orisha/protocols/tls.py): the
-ClientHello's server name — aioquic's server parses it and keeps nothing of it —
-is read from the hello itself as it reaches aioquic's TLS (``_Quic``), which then
+ClientHello's server name — qh3's server parses it and keeps nothing of it —
+is read from the hello itself as it reaches qh3's TLS (``_Quic``), which then
 presents the certificate ``tls.by_server_name`` picks (exact before wildcard, the
 first certificate for an absent or unknown name); once the handshake is done the
 connection answers from ``App.view(sni)``, so a :authority of another site gets
@@ -60,24 +61,24 @@ import heapq
 import itertools
 import os
 import sys
+import traceback
 from typing import Callable
 
 import re
 
-import aioquic.h3.connection as _h3_module
-from aioquic.buffer import Buffer, BufferReadError
-from aioquic.h3.connection import CONNECTION_SPECIFIC_HEADERS, H3_ALPN, ErrorCode, FrameType, \
-    H3Connection, HeadersState, MessageError, encode_frame
-from aioquic.h3.events import HeadersReceived
-from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import MAX_STREAM_DATA_FRAME_CAPACITY, QuicConnection
-from aioquic.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated, \
-    HandshakeCompleted, StreamDataReceived
-from aioquic.quic.packet import QuicFrameType, QuicPacketType, encode_quic_retry, \
-    encode_quic_version_negotiation, pull_quic_header
-from aioquic.quic.retry import QuicRetryTokenHandler
-from aioquic.buffer import encode_uint_var
-from aioquic.tls import Alert, pull_client_hello
+import qh3.h3.connection as _h3_module
+from qh3._hazmat import encode_uint_var, pull_quic_header
+from qh3.h3.connection import H3_ALPN, ErrorCode, FrameType, \
+    H3Connection, HeadersState, MessageError, Setting, encode_frame
+from qh3.h3.events import HeadersReceived
+from qh3.quic.configuration import QuicConfiguration
+from qh3.quic.connection import QuicConnectionError
+from qh3.quic.events import ConnectionIdIssued, ConnectionIdRetired, ConnectionTerminated, \
+    HandshakeCompleted, StreamDataReceived, StreamReset
+from qh3.quic.packet import SMALLEST_MAX_DATAGRAM_SIZE, QuicPacketType, encode_quic_retry, \
+    encode_quic_version_negotiation
+from qh3.tls import Alert, pull_client_hello
+from qh3._hazmat import BufferReadError
 
 from ..blob import FileRegion
 from ..core.connection import ERRORS, Close, Plan, Tail, log_line
@@ -86,6 +87,8 @@ from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
 from ..errors import ServeError
 from .h2 import _synthetic_head  # the one request → head mapping for HTTP/2 and HTTP/3
 from .qpack_blocks import Sections, date_field
+from .quic_qh3 import ServerConnection
+from .quic_retry import RetryTokens
 from .tls import by_server_name
 
 _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unacknowledged)
@@ -99,7 +102,7 @@ RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get
 # (ten packets) cost 1,440 µs of worker CPU at 128 streams, 1,055 at 64, 580 at 32 and 455
 # at 16 (1 KB: 140 µs at 128, 75 at 32). 32 keeps most of that gain and a page's first 32
 # requests in one flight; credit returns as streams end (MAX_STREAMS batched by half).
-MAX_STREAMS = 32
+MAX_STREAMS = 100
 # A stream's receive window: credit past the bytes delivered in order (``_Quic``). Requests
 # are a field section (the head limit, 8 KiB by default, bounds a useful one) and, for the
 # methods that carry one, a body that is answered without being read: 16 KiB is room for
@@ -119,7 +122,7 @@ _date = [-1, b""]  # (second, QPACK date field line)
 
 @dataclasses.dataclass
 class ServerConfiguration(QuicConfiguration):
-    """aioquic's configuration (its certificate: the first one's) and, with several
+    """qh3's configuration (its certificate: the first one's) and, with several
     certificates, ``by_name``: server name → (certificate, chain, private key) or None;
     ``tickets``: the server's session-ticket table (quic_tickets.py), or None."""
     by_name: Callable | None = None
@@ -155,10 +158,13 @@ def configurations(pairs, idle_timeout: float, tickets=None,
     return first
 
 
-class _Quic(QuicConnection):
-    """aioquic's server connection, plus the server name of the client's hello (``sni``)
-    and the certificate it picks (``ServerConfiguration.by_name``); with ``steer``, its
-    connection IDs name the worker (aioquic draws them with os.urandom: redrawn here)."""
+class _Quic(ServerConnection):
+    """qh3's server connection (``quic_qh3.ServerConnection``: datagrams credited whole),
+    plus the server name of the client's hello (``sni``) and the certificate it picks
+    (``ServerConfiguration.by_name``); with ``steer``, its first connection ID names the
+    worker. The spare IDs qh3's core issues are its own random ones (it has no hook for
+    them): a datagram under one of those reaches this worker by its 4-tuple, as every
+    datagram does until the client's address changes (see ``Endpoint._elsewhere``)."""
 
     sni: str | None = None
 
@@ -168,81 +174,89 @@ class _Quic(QuicConnection):
             kw["session_ticket_handler"] = lambda t: tickets.store(
                 dataclasses.replace(t, server_name=self.sni))
         super().__init__(**kw)
-        bidi = self._local_max_streams_bidi  # before the transport parameters are made
-        bidi.value = bidi.sent = MAX_STREAMS
         self.steer = steer
-        if steer is not None:
-            first = self._host_cids[0]
-            first.cid = self.host_cid = self._local_initial_source_connection_id = \
-                steer.cid(len(first.cid))
+        if steer is not None:  # before the core is made (at the first datagram)
+            self.host_cid = steer.cid(len(self.host_cid))
 
-    def _replenish_connection_ids(self) -> None:
-        n = len(self._host_cids)
-        super()._replenish_connection_ids()
-        if self.steer is not None:  # before NEW_CONNECTION_ID frames announce them
-            for c in self._host_cids[n:]:
-                c.cid = self.steer.cid(len(c.cid))
-
-    def _write_stream_limits(self, builder, space, stream) -> None:
-        """MAX_STREAM_DATA as credit: ``WINDOW`` past the bytes delivered in order, renewed
-        when half is used. aioquic's own doubles the window whenever the highest offset
-        seen passes half of it — gaps included, and a gap is allocated for reassembly — so
-        one byte per round trip at each window's edge made a worker allocate without end."""
-        local = stream.max_stream_data_local
-        if not local:  # a stream of ours that we only send on
-            return
-        receiver = stream.receiver
-        if not receiver.is_finished:  # (a request that has ended needs no more credit)
-            credit = receiver._buffer_start + WINDOW
-            if credit - local >= WINDOW // 2:
-                local = stream.max_stream_data_local = credit
-        if stream.max_stream_data_local_sent != local:
-            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
-                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
-                                      handler=self._on_max_stream_data_delivery,
-                                      handler_args=(stream,))
-            buf.push_uint_var(stream.stream_id)
-            buf.push_uint_var(stream.max_stream_data_local)
-            stream.max_stream_data_local_sent = stream.max_stream_data_local
-
-    def _initialize(self, peer_cid: bytes) -> None:
-        super()._initialize(peer_cid)  # makes ``self.tls``, before any CRYPTO frame is read
-        tls, quic = self.tls, self
+    def _create_tls(self, remote_source_cid):
+        bridge = super()._create_tls(remote_source_cid)  # before any CRYPTO frame is read
+        tls, quic = bridge.tls, self
         handle = tls._server_handle_hello
         by_name = self._configuration.by_name
 
-        def hello(input_buf, initial_buf, handshake_buf) -> None:
+        def hello(input_buf, *bufs) -> None:
             del tls._server_handle_hello  # once: the class's method again, and no cycle
             start = input_buf.tell()
             try:
                 quic.sni = name = pull_client_hello(input_buf).server_name
-            except (BufferReadError, Alert):  # malformed: aioquic's own parse will say so
+            except (BufferReadError, Alert):  # malformed: qh3's own parse will say so
                 name = None
             input_buf.seek(start)
             chosen = by_name(name) if name and by_name is not None else None
             if chosen is not None:
                 tls.certificate, tls.certificate_chain, tls.certificate_private_key = chosen
-            handle(input_buf, initial_buf, handshake_buf)
+            handle(input_buf, *bufs)
         tls._server_handle_hello = hello
+        return bridge
+
+    def send_room(self, sid: int) -> int | None:
+        """Bytes a stream may still have queued before ``_STREAM_AHEAD``, or None for a
+        stream that can no longer send (reset by the peer's STOP_SENDING, or gone)."""
+        core = self._core
+        if not core.can_send_stream(sid):
+            return None
+        return _STREAM_AHEAD - core.get_send_buffer_size(sid)
+
+    @property
+    def closing(self) -> bool:
+        return self._close_event is not None
+
+    def drained(self) -> bool:
+        """Every stream's data sent and acknowledged (what a GOAWAY waits for)."""
+        core = self._core
+        return core is None or (core.get_send_buffer_size(None) == 0
+                                and core.bytes_in_flight == 0)
 
 
-_BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]|.:")  # RFC 9114 §4.2, RFC 9113 §8.2.1
-_BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
+class _H3(H3Connection):
+    """qh3's HTTP/3 layer without its H3_DATAGRAM setting: qh3 announces it whatever the
+    transport parameters say, and a client (aioquic's) refuses the connection when the
+    server's ``max_datagram_frame_size`` is absent (RFC 9297 §2.1.1). Nothing here speaks
+    HTTP datagrams."""
+
+    def _get_local_settings(self) -> dict[int, int]:
+        settings = super()._get_local_settings()
+        settings.pop(Setting.H3_DATAGRAM, None)
+        return settings
+
+
+# RFC 9114 §4.2, RFC 9113 §8.2.1, over every name (or value) of a request joined by NULs:
+# a NUL is never valid in either, so the joins keep the fields apart (their count is checked).
+_BAD_NAMES = re.compile(rb"[\x01-\x20A-Z\x7f-\xff]|[^\x00]:")
+_BAD_VALUES = re.compile(rb"[\r\n]|(?:\A|\x00)[ \t]|[ \t](?:\x00|\Z)")
 _PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
 _NEEDED = frozenset((b":method", b":authority"))
+# RFC 9114 §4.2: fields that are connection-specific in HTTP/1.1 make a request malformed.
+CONNECTION_SPECIFIC_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
+                                         b"transfer-encoding", b"upgrade"))
 
 
 def validate_request(headers, stream=None) -> None:
     """aioquic's ``validate_request_headers`` with the same verdicts (a test compares
-    them), its per-byte loops over every name and value replaced by two regular
-    expressions: those loops were about 5% of a worker's CPU per request. Installed in
-    aioquic's module below (it calls the function by its global name); only a server's
-    H3Connection calls it, for the requests it receives."""
+    them; qh3's own checks less: not the characters, nor connection-specific fields), its
+    per-byte loops over every name and value replaced by two regular expressions over all
+    the names and all the values at once. Installed in qh3's module below (it calls the
+    function by its global name); only a server's H3Connection calls it, for the requests
+    it receives."""
     after = False
     seen = set()
+    names = b"\0".join([k for k, _ in headers])
+    values = b"\0".join([v for _, v in headers])
+    n = len(headers) - 1
+    if (_BAD_NAMES.search(names) or _BAD_VALUES.search(values)
+            or names.count(0) != n or values.count(0) != n) and headers:
+        raise MessageError("A field name or value has invalid characters")
     for key, value in headers:
-        if _BAD_NAME.search(key) or _BAD_VALUE.search(value):
-            raise MessageError(f"Header {key!r} or its value has invalid characters")
         if key[:1] == b":":
             if after or key not in _PSEUDO or key in seen:
                 raise MessageError(f"Pseudo-header {key!r} is out of place, unknown or twice")
@@ -267,7 +281,6 @@ def validate_request(headers, stream=None) -> None:
         raise MessageError(f"Pseudo-headers {sorted(_NEEDED - seen)} are missing")
 
 
-AIOQUIC_VALIDATE_REQUEST = _h3_module.validate_request_headers
 _h3_module.validate_request_headers = validate_request
 
 
@@ -294,10 +307,10 @@ class _Conn:
     __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
                  "counted", "handshaking", "app", "since")
 
-    def __init__(self, quic: QuicConnection, peer: str, seq: int, app) -> None:
+    def __init__(self, quic: _Quic, peer: str, seq: int, app) -> None:
         self.quic, self.peer, self.seq = quic, peer, seq
         self.app = app  # the endpoint's; with several sites, its SNI's view once handshaken
-        self.h3 = H3Connection(quic)
+        self.h3 = _H3(quic)
         self.cids: set[bytes] = set()
         self.pending: dict[int, list] = {}  # stream id → [body view, bytes already queued]
         self.timer: float | None = None
@@ -313,7 +326,7 @@ class _Conn:
         a request stream whose HEADERS does not come whole within ``head_timeout`` (as
         h2: the connection, H3_EXCESSIVE_LOAD), and a connection with no request for
         ``idle_timeout`` (GOAWAY, closed once drained; RFC 9114 §5.1)."""
-        if self.handshaking or self.goaway or self.h3._is_done:
+        if self.handshaking or self.goaway or self.h3._is_done or self.quic.closing:
             return False  # QUIC's own idle timeout; draining; closing
         limits, waited = self.app.limits, now - self.since
         if self.pending:
@@ -334,6 +347,9 @@ class _Conn:
         return True
 
     def go_away(self) -> None:
+        if self.quic.closing:  # closed by either side: nothing more is sent on it
+            self.goaway = True
+            return
         if not self.goaway and self.h3._local_control_stream_id is not None:
             self.goaway = True
             # The first request stream we will not answer: one past the last we took.
@@ -344,11 +360,13 @@ class _Conn:
         """H3_EXCESSIVE_LOAD for a stream (aioquic's ``H3Stream``) whose HTTP/3 layer
         holds, or waits to hold, more than ``FRAME_HEADS`` heads: a frame that is parsed
         whole (aioquic buffers one without limit) or the bytes queued behind a field
-        section QPACK-blocked."""
+        section QPACK-blocked. A frame's type may be read before its length (a varint split
+        across packets): ``frame_size`` is None then."""
         if self.h3._is_done:
             return
         most = FRAME_HEADS * self.app.limits.head
-        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size > most):
+        if len(st.buffer) > most or (st.frame_type in _WHOLE and st.frame_size is not None
+                                       and st.frame_size > most):
             self.h3._is_done = True  # as aioquic's own protocol errors leave it
             self.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD,
                          reason_phrase="frame or buffered stream data too large")
@@ -411,16 +429,23 @@ class _Conn:
         self.quic.send_stream_data(sid, frames)
         self.pending[sid] = [body.view if body.__class__ is FileRegion else memoryview(body), 0]
 
+    def cancelled(self, sid: int) -> None:
+        """The client reset a request stream (RFC 9114 §4.1.1: it cancelled the request):
+        the answer is reset too, so the stream ends both ways and qh3's core frees it (and
+        credits MAX_STREAMS for another); a response in progress stops being fed."""
+        if sid % 4 == 0 and self.quic.send_room(sid) is not None:
+            self.quic.reset_stream(sid, ErrorCode.H3_REQUEST_CANCELLED)
+        self.pending.pop(sid, None)
+
     def feed(self, now: float) -> None:
         """Queue body bytes on each stream while its send buffer holds < ``_STREAM_AHEAD``."""
-        streams = self.quic._streams
+        quic = self.quic
         for sid, p in list(self.pending.items()):
-            stream = streams.get(sid)
-            if stream is None or stream.sender._reset_error_code is not None:
+            room = quic.send_room(sid)
+            if room is None:
                 del self.pending[sid]  # reset by the peer (STOP_SENDING) or gone
                 continue
             view, pos = p
-            room = _STREAM_AHEAD - len(stream.sender._buffer)
             if room <= 0:
                 continue
             end = min(len(view), pos + room)
@@ -469,108 +494,30 @@ class _Timers:
                 heapq.heapify(heap)
 
 
-class Endpoint:
-    """Every HTTP/3 connection of one worker: the datagram contract of ``loops/base.py``."""
+class _Admission:
+    """The endpoint's routing of datagrams to connections, apart from their processing.
 
-    def __init__(self, app, config: QuicConfiguration) -> None:
-        self.app, self.config = app, config
-        _SECTIONS.take(app.site, app.hosts)  # the sections its builds encoded (once per site)
-        self.conns: dict[bytes, _Conn] = {}  # connection ID → connection
-        self.live: set[_Conn] = set()
-        self.out: list = []
-        self.timers = _Timers()
-        self.stopping = False
-        self.retry = QuicRetryTokenHandler()  # its key is made here: tokens are per worker
-        self.retry_above = 0 if config is not None and config.retry else RETRY_ABOVE  # None: ACME
-        self.handshaking = 0
-        self.steer = None
-        self.forward: list = []  # (worker tag, datagram, address) for other workers
-        self.strays = 0  # datagrams of connections this worker does not know, dropped
+    Strategy: a datagram of a known connection ID goes to its connection; one of no
+    connection here is another worker's (handed over by its tag or the shared table of
+    ``quic_steer.Owners``), the next generation's while stopping, a stray, or a client's
+    first Initial — answered with version negotiation or a Retry, refused over the
+    limits, or made a connection. Uses the state ``Endpoint.__init__`` makes."""
 
-    def steer_with(self, steer) -> None:
-        """Issue connection IDs that name this worker; hand others' datagrams over."""
-        self.steer = steer
-
-    # -- the loop body's side of the contract ---------------------------------
-    @property
-    def outgoing(self) -> list:
-        return self.out
-
-    def sent(self, n: int, now: float) -> None:
-        del self.out[:n]
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.live)
-
-    @property
-    def timer(self) -> float | None:
-        return self.timers.next()
-
-    def receive(self, batch: list, now: float, handed: bool = False) -> None:
-        """``handed``: the batch came from another worker (never handed on again)."""
-        if self.config is None:  # no certificate yet (ACME): nothing to answer with
-            return
-        touched: dict[_Conn, None] = {}  # in arrival order, each once
-        for data, addr in batch:
-            c = self._route(data, addr, now, handed)
-            if c is not None:
-                c.quic.receive_datagram(data, addr, now)
-                touched[c] = None
-        for c in touched:
-            self._process(c, now)
-
-    def expire(self, now: float) -> None:
-        for c in self.timers.due(now):
-            c.quic.handle_timer(now)
-            self._process(c, now)
-
-    def tick(self, now: float) -> None:
-        if self.stopping:
-            for c in list(self.live):
-                self._process(c, now)
-            return
-        for c in list(self.live):
-            if c.timed_out(now):
-                self._process(c, now)
-
-    def shutdown(self, now: float) -> None:
-        """GOAWAY on every connection (RFC 9114 §5.2); each closes once drained."""
-        self.stopping = True
-        for c in list(self.live):
-            if c.handshaking:  # no request can have come yet: close now, not at the idle timeout
-                c.quic.close(error_code=ErrorCode.H3_NO_ERROR)
-            else:
-                c.go_away()
-            self._process(c, now)
-
-    def close(self) -> None:
-        if self.strays and self.steer is not None:
-            print(f"orisha: HTTP/3 worker {self.steer.tag.hex()}: {self.strays} datagrams of "
-                  "connections no worker knew were dropped", file=sys.stderr)
-            self.strays = 0
-        for c in self.live:
-            if c.counted:
-                self.app.open -= 1
-        self.live.clear()
-        self.handshaking = 0
-        self.conns.clear()
-        self.timers.heap.clear()
-        self.out.clear()
-
-    # -- connections -------------------------------------------------------------
     def _route(self, data: bytes, addr, now: float, handed: bool = False) -> _Conn | None:
         """The connection a datagram belongs to, a new one for a client's first Initial, or
         None (answered here, handed to another worker, or dropped: garbage, an unknown
         connection)."""
-        try:
-            header = pull_quic_header(Buffer(data=data),
-                                      host_cid_length=self.config.connection_id_length)
-        except (ValueError, BufferReadError):  # not QUIC: dropped
-            return None
-        c = self.conns.get(header.destination_cid)
+        length = self.config.connection_id_length
+        if data and not data[0] & 0x80:  # a short header: the ID we chose, of our length
+            c = self.conns.get(data[1:1 + length])
+        else:
+            c = self.conns.get(data[6:6 + data[5]]) if len(data) > 6 else None
         if c is not None:
             return c
+        try:
+            header = _Header(pull_quic_header(data, 0, length))
+        except ValueError:  # not QUIC: dropped
+            return None
         if self._elsewhere(header, data, addr, handed):
             return None
         return self._accept(header, data, addr, now)
@@ -625,8 +572,7 @@ class Endpoint:
         original, retried, token = header.destination_cid, None, header.token
         if token:  # a Retry's token (ours): the address is validated
             try:
-                original = self.retry.validate_token(
-                    address=addr, destination_cid=header.destination_cid, token=token, now=now)
+                original = self.retry.validate(addr, header.destination_cid, token, now)
                 retried = header.destination_cid
             except ValueError:  # another worker's, expired, or forged: as if it had none
                 token = b""
@@ -637,9 +583,7 @@ class Endpoint:
             self.out.append((encode_quic_retry(
                 version=header.version, source_cid=scid, destination_cid=header.source_cid,
                 original_destination_cid=header.destination_cid,
-                retry_token=self.retry.create_token(
-                    address=addr, original_destination_connection_id=header.destination_cid,
-                    retry_source_connection_id=scid, now=now)),
+                retry_token=self.retry.create(addr, header.destination_cid, scid, now)),
                 addr, 0))
             return None
         quic = _Quic(configuration=self.config, original_destination_connection_id=original,
@@ -651,13 +595,160 @@ class Endpoint:
         for cid in (header.destination_cid, quic.host_cid):
             c.cids.add(cid)
             self.conns[cid] = c
+        if self.steer is not None and not header.source_cid:
+            # A client with zero-length IDs keeps the ID it chose (quic_qh3.py): untagged.
+            self.steer.remember(header.destination_cid)
         self.live.add(c)
         app.open += 1
         app.stats[Stat.CONNECTIONS] += 1
         return c
 
+
+
+class Endpoint(_Admission):
+    """Every HTTP/3 connection of one worker: the datagram contract of ``loops/base.py``."""
+
+    def __init__(self, app, config: QuicConfiguration) -> None:
+        self.app, self.config = app, config
+        _SECTIONS.take(app.site, app.hosts)  # the sections its builds encoded (once per site)
+        self.conns: dict[bytes, _Conn] = {}  # connection ID → connection
+        self.live: set[_Conn] = set()
+        self.out: list = []
+        self.timers = _Timers()
+        self.stopping = False
+        self.retry = RetryTokens()  # its key is made here: tokens are per worker
+        self.retry_above = 0 if config is not None and config.retry else RETRY_ABOVE  # None: ACME
+        self.handshaking = 0
+        self.steer = None
+        self.forward: list = []  # (worker tag, datagram, address) for other workers
+        self.strays = 0  # datagrams of connections this worker does not know, dropped
+        self.errors = 0  # connections ended on an internal error (the first is printed)
+
+    def steer_with(self, steer) -> None:
+        """Issue connection IDs that name this worker; hand others' datagrams over."""
+        self.steer = steer
+
+    # -- the loop body's side of the contract ---------------------------------
+    @property
+    def outgoing(self) -> list:
+        return self.out
+
+    def sent(self, n: int, now: float) -> None:
+        del self.out[:n]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live)
+
+    @property
+    def timer(self) -> float | None:
+        return self.timers.next()
+
+    def receive(self, batch: list, now: float, handed: bool = False) -> None:
+        """``handed``: the batch came from another worker (never handed on again)."""
+        if self.config is None:  # no certificate yet (ACME): nothing to answer with
+            return
+        touched: dict[_Conn, list] = {}  # in arrival order, each once: its datagrams
+        for data, addr in batch:
+            c = self._route(data, addr, now, handed)
+            if c is not None:
+                got = touched.get(c)
+                if got is None:
+                    touched[c] = [(data, addr)]
+                else:
+                    got.append((data, addr))
+        for c, got in touched.items():
+            try:
+                if len(got) == 1:
+                    c.quic.receive_datagram(got[0][0], got[0][1], now)
+                else:  # runs of one address, each one call of the core
+                    for addr, run in itertools.groupby(got, key=_address):
+                        c.quic.receive_batch([d for d, _ in run], addr, now)
+            except QuicConnectionError:  # closed by its core: handled in _process
+                pass
+            self._process(c, now)
+
+    def expire(self, now: float) -> None:
+        for c in self.timers.due(now):
+            try:
+                c.quic.handle_timer(now)
+            except QuicConnectionError:  # closed by its core: handled in _process
+                pass
+            self._process(c, now)
+
+    def tick(self, now: float) -> None:
+        if self.stopping:
+            for c in list(self.live):
+                self._process(c, now)
+            return
+        for c in list(self.live):
+            try:
+                out = c.timed_out(now)
+            except QuicConnectionError:  # closed by its core meanwhile
+                out = True
+            if out:
+                self._process(c, now)
+
+    def shutdown(self, now: float) -> None:
+        """GOAWAY on every connection (RFC 9114 §5.2); each closes once drained."""
+        self.stopping = True
+        for c in list(self.live):
+            try:
+                if c.handshaking:  # no request can have come yet: close now, not at the idle timeout
+                    c.quic.close(error_code=ErrorCode.H3_NO_ERROR)
+                else:
+                    c.go_away()
+            except QuicConnectionError:  # closed by its core meanwhile
+                pass
+            self._process(c, now)
+
+    def close(self) -> None:
+        if self.strays and self.steer is not None:
+            print(f"orisha: HTTP/3 worker {self.steer.tag.hex()}: {self.strays} datagrams of "
+                  "connections no worker knew were dropped", file=sys.stderr)
+            self.strays = 0
+        for c in self.live:
+            if c.counted:
+                self.app.open -= 1
+        self.live.clear()
+        self.handshaking = 0
+        self.conns.clear()
+        self.timers.heap.clear()
+        self.out.clear()
+
     def _process(self, c: _Conn, now: float) -> None:
-        """After input or a timer: handle its events, queue bodies, gather its datagrams."""
+        """After input or a timer: handle its events, queue bodies, gather its datagrams.
+        An error of qh3's (``QuicConnectionError``: the core closed the connection, e.g. on
+        a client's protocol error, and refuses what the HTTP/3 layer still sends) or of
+        this code ends that connection, never the worker: its CONNECTION_CLOSE is still
+        gathered, and it is forgotten when the core says it has terminated."""
+        quic = c.quic
+        try:
+            ended = self._events(c, now)
+            if c.pending:
+                c.feed(now)
+            if c.goaway and not c.pending and not quic.closing and quic.drained():
+                quic.close(error_code=ErrorCode.H3_NO_ERROR)  # §5.2: every response delivered
+        except QuicConnectionError:
+            ended = False
+        except Exception as e:  # a bug here: this connection ends, the worker goes on
+            ended = False
+            self.errors += 1
+            if self.errors == 1:
+                print(f"orisha: HTTP/3 connection closed on an internal error: {e!r}\n"
+                      + traceback.format_exc(), file=sys.stderr, end="")
+            quic.close(error_code=ErrorCode.H3_INTERNAL_ERROR, reason_phrase="internal error")
+        try:
+            _gather(self.out, quic.datagrams_to_send(now))
+        except QuicConnectionError:  # the core failed building: the connection is lost
+            ended = True
+        if ended:
+            self._forget(c)
+            return
+        self.timers.set(c, quic.get_timer(), len(self.live))
+
+    def _events(self, c: _Conn, now: float) -> bool:
+        """Handle a connection's QUIC events: whether it has terminated."""
         quic, h3 = c.quic, c.h3
         if c.handshaking and c.app is self.app and self.app.hosts is not None \
                 and getattr(quic, "tls", None) is not None and quic.tls.early_data_accepted:
@@ -669,6 +760,8 @@ class Endpoint:
             if cls is ConnectionIdIssued:
                 c.cids.add(event.connection_id)
                 self.conns[event.connection_id] = c
+                if self.steer is not None:  # drawn by qh3's core: no tag in it
+                    self.steer.remember(event.connection_id)
             elif cls is ConnectionIdRetired:
                 c.cids.discard(event.connection_id)
                 self.conns.pop(event.connection_id, None)
@@ -687,16 +780,10 @@ class Endpoint:
                     st = h3._stream.get(event.stream_id)
                     if st is not None and (st.buffer or st.frame_size is not None):
                         c.bounded(st)  # a frame is still coming
+                elif cls is StreamReset:
+                    c.cancelled(event.stream_id)
             event = quic.next_event()
-        if c.pending:
-            c.feed(now)
-        if c.goaway and not c.pending and not quic._close_pending and _drained(quic):
-            quic.close(error_code=ErrorCode.H3_NO_ERROR)  # §5.2: every response delivered
-        _gather(self.out, quic.datagrams_to_send(now))
-        if ended:
-            self._forget(c)
-            return
-        self.timers.set(c, quic.get_timer(), len(self.live))
+        return ended
 
     def _forget(self, c: _Conn) -> None:
         for cid in c.cids:
@@ -713,25 +800,40 @@ class Endpoint:
 
 
 
+def _address(item: tuple):
+    return item[1]
+
+
+class _Header:
+    """qh3's parsed header (a tuple) by name, for the datagrams of no known connection."""
+    __slots__ = ("version", "packet_type", "destination_cid", "source_cid", "token")
+
+    def __init__(self, t: tuple) -> None:
+        self.version, self.destination_cid, self.source_cid, self.token = t[0], t[3], t[4], t[5]
+        self.packet_type = QuicPacketType(t[1])
+
+
 def _gather(out: list, datagrams: list) -> None:
-    """Queue ``datagrams``, runs of one size to one address as GSO groups (base.py)."""
+    """Queue ``datagrams``, runs of one size to one address as GSO groups (base.py): a
+    group ends after a shorter datagram, at ``_GSO_SEGMENTS`` or at ``_GSO_BYTES``."""
     i, n = 0, len(datagrams)
     while i < n:
         data, addr = datagrams[i]
-        size = len(data)
+        size = total = len(data)
         j = i + 1
-        while (j < n and j - i < _GSO_SEGMENTS and datagrams[j][1] == addr
-               and (j - i + 1) * size <= _GSO_BYTES and len(datagrams[j - 1][0]) == size
-               and len(datagrams[j][0]) <= size):
+        while j < n and j - i < _GSO_SEGMENTS:
+            d, a = datagrams[j]
+            m = len(d)
+            if a != addr or m > size or total + m > _GSO_BYTES:
+                break
+            total += m
             j += 1
+            if m < size:
+                break
         if j - i == 1:
             out.append((data, addr, 0))
         else:
-            out.append((b"".join(d for d, _ in datagrams[i:j]), addr, size))
+            out.append((b"".join([d for d, _ in datagrams[i:j]]), addr, size))
         i = j
 
 
-
-def _drained(quic: QuicConnection) -> bool:
-    """Every stream's sent data acknowledged (what a GOAWAY waits for before the close)."""
-    return all(s.sender.buffer_is_empty for s in quic._streams.values())

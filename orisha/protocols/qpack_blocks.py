@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 
-from aioquic.h3.connection import FrameType, encode_frame
+from qh3.h3.connection import FrameType, encode_frame
 from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH

@@ -1,4 +1,4 @@
-"""qh3's server connection, made to take aioquic's client: the first step of porting h3.py.
+"""qh3's server connection, made to take aioquic's client (h3.py's connections are these).
 
 Strategy: qh3 (2.1.0) keeps QUIC's state machine in Rust and splits each received datagram
 into its coalesced packets in Python (``QuicConnection.receive_datagram``), handing the core
@@ -14,23 +14,78 @@ attributed to a single connection", so here the last packet's slice runs to the 
 the core authenticates the packet, credits the whole slice, and drops the padding after it as
 it drops any bytes that do not parse. Nothing else changes (no datagram size or key share
 avoids it: the credit is short whatever the client's hello is).
-
-h3.py still runs on aioquic; this module is not used by the server yet.
 """
 
 from __future__ import annotations
 
 from qh3._hazmat import pull_quic_header
-from qh3.quic.connection import QuicConnection
-from qh3.quic.packet import QuicPacketType
+from qh3.quic.connection import QuicConnection, QuicConnectionError
+from qh3.quic.crypto import CIPHER_SUITES, derive_key_iv_hp
+from qh3.quic.packet import QuicErrorCode, QuicPacketType
+from qh3.tls import CipherSuite, cipher_suite_hash, hkdf_expand_label, hkdf_extract
 
+# RFC 9001 §5.2 and RFC 9369 §3.3.1: the salts of the Initial secrets, per version.
+_INITIAL_SALTS = {0x00000001: bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"),
+                  0x6B3343CF: bytes.fromhex("0dede3def700a6db819381be6e269dcbf9bd2ed9")}
+
+_EXHAUSTED = "packet builder capacity exhausted"
 _END = 9  # pull_quic_header's tuple: the offset where the packet ends
 
 
 class ServerConnection(QuicConnection):
     """A qh3 server connection whose datagrams are credited whole (see the module's docstring)."""
 
+    exhausted = 0  # times the core's builder ran out of amplification room (datagrams_to_send)
+
+    def receive_batch(self, datagrams: list, addr, now: float) -> None:
+        """Datagrams of one address, in order: once the handshake is complete (no more
+        keys to install between packets) one call of the core for all of them and one
+        drain of its events; before, one by one (``receive_datagram``)."""
+        if not self._handshake_complete or self._core is None:
+            for data in datagrams:
+                self.receive_datagram(data, addr, now)
+            return
+        if self._quic_logger is not None:
+            for data in datagrams:
+                self._log_datagram("datagrams_received", data)
+        self._call_core(self._core.receive_many_datagrams, datagrams,
+                        self._normalize_address(addr), now)
+        self._drain_core()
+
+    def datagrams_to_send(self, now: float) -> list:
+        """qh3's, without parsing every packet's header again for a log that is off; and
+        the core's ``packet builder capacity exhausted`` taken as "nothing more now": it
+        raises it when what the amplification limit still allows (RFC 9000 §8.1) is too
+        small for its next packet — e.g. after a client's unpadded 56-byte Handshake PING
+        probe under loss — where it should wait for the client's next datagram (which
+        raises the limit) as it does when nothing at all is allowed. The datagrams built
+        before stand; the frames of the refused packet were never sent and go out later."""
+        core = self._core
+        if core is None:
+            return []
+        poll, out, log = core.poll_transmit, [], self._quic_logger is not None
+        try:
+            transmit = poll(now)
+            while transmit is not None:
+                out.append((transmit[0], transmit[1]))
+                if log:
+                    self._log_datagram("datagrams_sent", transmit[0])
+                    self._log_packets("packet_sent", transmit[0])
+                transmit = poll(now)
+        except RuntimeError as e:  # as qh3's _call_core, but for the one above
+            if str(e) != _EXHAUSTED:
+                raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(e)) from e
+            self.exhausted += 1
+        return out
+
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
+        if self._handshake_complete and data and not data[0] & 0x80 \
+                and self._quic_logger is None:
+            # A short header after the handshake: one packet to the datagram's end.
+            self._call_core(self._core.receive_datagram, data, self._normalize_address(addr),
+                            now, len(data))
+            self._drain_core()
+            return
         if self._core is None:
             # The first datagram: qh3's own checks (≥ 1200 bytes, an Initial of a version it
             # supports) make the core; its loop would then split the datagram short.
@@ -48,6 +103,20 @@ class ServerConnection(QuicConnection):
             self._drain_core()
             offset = end
 
+    def _learn_remote_source_cid(self, data: bytes) -> None:
+        """The client's source connection ID, which its transport parameters must repeat
+        (RFC 9000 §7.3) — also when it is empty: qh3 2.1.0 keeps it only when it is not,
+        so a client with zero-length IDs (Chromium's) fails the handshake with
+        "initial_source_connection_id does not match". Long headers only (a short
+        header has no source ID)."""
+        if self._handshake_complete or self._tls is None or not data[0] & 0x80:
+            return
+        try:
+            header = pull_quic_header(data, 0, self._configuration.connection_id_length)
+        except ValueError:
+            return
+        self._tls.remote_initial_source_connection_id = header[4]
+
     def _first(self, data: bytes, addr, now: float) -> bool:
         if len(data) < 1200:
             return False
@@ -59,9 +128,34 @@ class ServerConnection(QuicConnection):
                 or header[0] not in self._configuration.supported_versions):
             return False  # not an Initial, or of a version this configuration lacks
         self._remote_addr, self._version = self._normalize_address(addr), header[0]
-        self._create_core(self._remote_addr, header[3], now)
+        if header[4] or header[0] not in _INITIAL_SALTS:
+            self._create_core(self._remote_addr, header[3], now)
+        else:
+            # A client with zero-length IDs (Chromium): qh3's core addresses the client by
+            # the ID it derives the Initial keys from until a packet names a non-empty one,
+            # so it would answer under an ID such a client does not have. Instead the core
+            # is made toward the empty ID, the client's chosen ID becomes ours (the core
+            # takes only packets to its own ID or to the one it derives keys from), and
+            # the Initial keys of that ID are installed here.
+            self.host_cid = header[3]
+            self._create_core(self._remote_addr, b"", now)
+            _install_initial_keys(self._core, header[3], header[0])
         self._create_tls(remote_source_cid=None)
         return True
+
+
+def _install_initial_keys(core, dcid: bytes, version: int) -> None:
+    """The Initial keys a server derives from the client's first Destination ID (RFC 9001
+    §5.2), installed in qh3's core for both directions."""
+    suite = CipherSuite.AES_128_GCM_SHA256
+    algorithm = cipher_suite_hash(suite)
+    hp_name, aead_name = CIPHER_SUITES[suite]
+    initial = hkdf_extract(algorithm, _INITIAL_SALTS[version], dcid)
+    for direction, label in (("receive", b"client in"), ("send", b"server in")):
+        secret = hkdf_expand_label(algorithm, initial, label, b"", 32)
+        key, iv, hp = derive_key_iv_hp(cipher_suite=suite, secret=secret, version=version)
+        core.install_packet_key(direction, 0, (aead_name.decode(), hp_name.decode()), key, iv,
+                                hp, 0, secret, version)
 
 
 def _parses(data: bytes, offset: int, length: int) -> bool:

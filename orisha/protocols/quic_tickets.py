@@ -1,6 +1,6 @@
 """Session tickets over QUIC that any worker can take back (resumption and 0-RTT).
 
-Strategy: aioquic's server issues a ticket (a random 64-byte label) after each handshake
+Strategy: qh3's server issues a ticket (a random 64-byte label) after each handshake
 and hands its state to a handler; a later connection presenting the label asks a fetcher
 for that state. A worker's own dictionary would resume only connections that the kernel
 happens to hash to the same worker (a new connection has a new source port), so the state
@@ -12,7 +12,7 @@ full handshake, as without a ticket). Each slot carries a keyed BLAKE2b tag of i
 or any slot that is not ours, is a miss, never a wrong resumption. Bounded: ``SLOTS`` ×
 ``SLOT`` bytes whatever the number of handshakes. A ticket is taken back only under the
 server name it was issued for (several sites: no resuming into another site's certificate
-without its handshake). 0-RTT follows: aioquic's tickets allow early data, and every
+without its handshake). 0-RTT follows: qh3's tickets allow early data, and every
 answer of this server is a static GET or HEAD (a replay changes nothing; RFC 9001 §9.2).
 """
 
@@ -24,14 +24,14 @@ import os
 import struct
 from hashlib import blake2b
 
-from aioquic.tls import CipherSuite, SessionTicket
+from qh3.tls import CipherSuite, SessionTicket
 
 SLOTS = 4096
 SLOT = 512
 _TAG = 16
 _HEAD = struct.Struct("!IHddqH")  # age_add, suite, valid from, valid until, early data, len
 _NONE = -1
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_EPOCH = datetime.datetime(1970, 1, 1)  # qh3's tickets carry naive UTC times
 
 
 class Tickets:
@@ -47,7 +47,7 @@ class Tickets:
             % self.slots * SLOT
 
     def store(self, t: SessionTicket) -> None:
-        """Keep ``t`` (aioquic's ticket handler); one that does not fit a slot is not kept."""
+        """Keep ``t`` (qh3's ticket handler); one that does not fit a slot is not kept."""
         name = (t.server_name or "").encode()
         ext = b"".join(struct.pack("!HH", k, len(v)) + v for k, v in t.other_extensions)
         body = (_HEAD.pack(t.age_add, t.cipher_suite, _seconds(t.not_valid_before),
@@ -63,7 +63,7 @@ class Tickets:
                                                        key=self.key).digest() + record
 
     def fetch(self, label: bytes, server_name: str | None) -> SessionTicket | None:
-        """The ticket issued as ``label`` under ``server_name``, or None (aioquic's fetcher)."""
+        """The ticket issued as ``label`` under ``server_name``, or None (qh3's fetcher)."""
         at = self._slot(label)
         slot = self.map[at:at + SLOT]
         size = int.from_bytes(slot[_TAG:_TAG + 2], "big")
@@ -78,6 +78,8 @@ class Tickets:
 
 
 def _seconds(when: datetime.datetime) -> float:
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     return (when - _EPOCH).total_seconds()
 
 

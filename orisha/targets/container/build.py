@@ -78,15 +78,34 @@ EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.ta
             "_codecs_cn", "_codecs_hk", "_codecs_iso2022", "_codecs_jp", "_codecs_kr", "_codecs_tw",
             "_decimal", "_pydecimal", "decimal", "xml", "pyexpat", "sqlite3", "_sqlite3",
             "lzma", "_lzma", "bz2", "_bz2", "readline", "curses", "_curses", "multiprocessing",
-            "concurrent", "json.tool"]
-# HTTP/3 (aioquic, pylsqpack) and ACME (acme, josepy, requests, certifi, cryptography) are
+            "json.tool"]  # not concurrent: asyncio (which qh3 imports) needs concurrent.futures
+# HTTP/3 (qh3) and ACME (acme, josepy, requests, certifi, cryptography) are
 # frozen in: one image serves every option of `orisha serve`, as Caddy's does. server.py
 # imports both lazily, so they are named here; they cost the image a few MB (README).
 FEATURES = ["orisha.protocols.h3", "orisha.acme"]
-FEATURE_PACKAGES = {"aioquic": "h3", "pylsqpack": "h3", "acme": "acme", "josepy": "acme",
+# aioquic and pylsqpack are the build's (protocols/qpack_blocks.py), not the image's.
+FEATURE_PACKAGES = {"qh3": "h3", "acme": "acme", "josepy": "acme",
                     "requests": "acme", "certifi": "acme", "cryptography": "acme"}
+# liburing's extension modules (one per part of the C API, ~100 KB each in the archive): where
+# the compiled io_uring body is built, the image runs it and not the pure one (io_uring.py,
+# which takes names from six of them), so it holds the modules the compiled body cimports and
+# the probe in loops/__init__.py calls, and ``error``, which they import as they start; the
+# other sixteen (~1.6 MB) and the package's Cython sources are left out (the lib/ and include/
+# folders stay: its importer refuses to start without them). tests/test_container_build.py
+# loads the compiled body and the probe from a copy holding only these.
+LIBURING_KEEP = ("error", "queue", "time")
+# requests' optional charset detection (~0.2 MB): ACME's answers are JSON and PEM, and without
+# a detector requests decodes a body of no declared charset as UTF-8. h2 and hyperframe are the
+# tests' HTTP/2 client (nothing in orisha imports them); urllib3's browser (emscripten) backend
+# goes unused; the rest are imported only inside functions
+# the server never calls (shutil's archives, random's self-test, logging's pickling refusal,
+# urllib's FTP, warnings' allocation traces). Together ~0.45 MB of the 20 MB allowance.
+UNUSED = ["h2", "hyperframe", "urllib3.contrib.emscripten", "tarfile", "gzip", "statistics",
+          "fractions", "pickle", "_pickle", "ftplib", "tracemalloc"]
+EXCLUDES += ["charset_normalizer", "chardet", *UNUSED]
 # ssl stays for every loop: --tls-cert/TLS_CERT (orisha/protocols/tls.py) works on each of them.
-NOT_ASYNCIO = ["asyncio", "_hashlib", "uvloop"]
+# asyncio stays too: qh3's package imports its asyncio client and server as it loads.
+NOT_ASYNCIO = ["_hashlib", "uvloop"]
 
 
 def loop_modules(loop: str) -> tuple[list[str], list[str]]:
@@ -107,7 +126,10 @@ def loop_modules(loop: str) -> tuple[list[str], list[str]]:
                 continue
             raise BuildError("--loop io-uring: the liburing package is not installed "
                              "(pip install 'orisha[io-uring]')")
-        mods += _bodies(name)
+        bodies = _bodies(name)
+        if name == "io-uring" and len(bodies) == 2:  # compiled: only it (LIBURING_KEEP)
+            bodies = bodies[1:]
+        mods += bodies
         pkgs += present
     return mods, pkgs
 
@@ -140,6 +162,22 @@ hidden, datas, binaries = list({hidden!r}), [], []
 for pkg in {packages!r}:
     d, b, h = collect_all(pkg, include_py_files=True)
     datas += d; binaries += b; hidden += h
+
+
+def _kept(item):  # (source, destination folder): liburing's modules of LIBURING_KEEP only
+    src, dest = item
+    parts = dest.split(os.sep)
+    if parts[0] != "liburing" or {keep!r} is None:  # None: the pure body, every module
+        return True
+    if len(parts) > 1:  # lib/, include/: the importer refuses to start without these folders
+        return True
+    base = os.path.basename(src)
+    return base.endswith((".so", ".py")) and base.split(".")[0] in {keep!r} + ("__init__",)
+
+
+datas, binaries = [d for d in datas if _kept(d)], [b for b in binaries if _kept(b)]
+hidden = [h for h in hidden if {keep!r} is None or not h.startswith("liburing.")
+          or h.split(".")[1] in {keep!r}]
 
 a = Analysis([os.path.join(HERE, "entry.py")], pathex=[{root!r}], binaries=binaries, datas=datas,
              hiddenimports=hidden, excludes={excludes!r}, noarchive=False,
@@ -216,7 +254,7 @@ def _key(mods: list[str], pkgs: list[str]) -> str:
         except PackageNotFoundError:  # no distribution metadata: the sources below still key it
             versions[p] = "?"
     h.update(repr((sys.version, os.path.realpath(sys.executable), mods, pkgs, versions, SPEC,
-                   ENTRY, EXCLUDES, NOT_ASYNCIO, ZLIB_LEVEL)).encode())
+                   ENTRY, EXCLUDES, NOT_ASYNCIO, LIBURING_KEEP, ZLIB_LEVEL)).encode())
     for dirpath, dirs, names in os.walk(PACKAGE):
         dirs[:] = sorted(d for d in dirs if d not in ("embed", "unikernel", "__pycache__"))
         for n in sorted(names):
@@ -245,6 +283,7 @@ def base_executable(loop: str, log=lambda m: print(m, file=sys.stderr)) -> str:
         spec = os.path.join(work, "orisha.spec")
         with open(spec, "w") as f:
             f.write(SPEC.format(here=work, hidden=mods, packages=pkgs, excludes=excludes,
+                                keep=LIBURING_KEEP if COMPILED["io-uring"] in mods else None,
                                 root=os.path.dirname(PACKAGE)))
         env = _tool_env()
         env.setdefault("SOURCE_DATE_EPOCH", "0")
