@@ -64,10 +64,10 @@ def vcpu_seconds(qemu: int) -> float:
     return total
 
 
-def wrk(url: str, seconds: float, conns: int) -> dict:
+def wrk(url: str, seconds: float, conns: int, threads: int = 1) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     b0, t0, w0 = *host_busy(), time.monotonic()
-    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "-H", "Connection: close",
+    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "-H", "Connection: close",
            "-H", "Accept-Encoding: gzip", url]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     b1, t1, wall = *host_busy(), time.monotonic() - w0
@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--conns", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1, help="wrk's threads")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench/unikernel_cores.py: needs wrk (apt-get install wrk)")
@@ -132,7 +133,7 @@ def main() -> None:
                 try:
                     for proto in ("http", "https"):
                         v0 = vcpu_seconds(vm.qemu)
-                        r = wrk(f"{proto}://{vm.host}{PATH}", args.seconds, args.conns)
+                        r = wrk(f"{proto}://{vm.host}{PATH}", args.seconds, args.conns, args.threads)
                         r["guest_ms"] = (vcpu_seconds(vm.qemu) - v0) * 1000 / max(1, r["rps"] * r["wall"])
                         r["guest"] = (vcpu_seconds(vm.qemu) - v0) / (r["wall"] * os.cpu_count())
                         results.setdefault((proto, cpus), []).append(r)
@@ -146,7 +147,7 @@ def main() -> None:
             subprocess.run(["ip", "link", "del", tap], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     med = lambda proto, cpus, k: statistics.median(r[k] for r in results[(proto, cpus)])  # noqa: E731
-    print(f"\n{os.cpu_count()} host cores; wrk -t1 -c{args.conns}, Connection: close, {PATH}, "
+    print(f"\n{os.cpu_count()} host cores; wrk -t{args.threads} -c{args.conns}, Connection: close, {PATH}, "
           f"{args.rounds} rounds of {args.seconds:g} s (medians)")
     print("| protocol | vCPUs | req/s | 2 / 1 vCPU | host busy | client share | guest share | guest ms/req |")
     print("|---|---|---|---|---|---|---|---|")
