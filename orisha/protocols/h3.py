@@ -64,8 +64,6 @@ import sys
 import traceback
 from typing import Callable
 
-import re
-
 import qh3.h3.connection as _h3_module
 from qh3._hazmat import encode_uint_var, pull_quic_header
 from qh3.h3.connection import H3_ALPN, ErrorCode, FrameType, \
@@ -232,8 +230,23 @@ class _H3(H3Connection):
 
 # RFC 9114 §4.2, RFC 9113 §8.2.1, over every name (or value) of a request joined by NULs:
 # a NUL is never valid in either, so the joins keep the fields apart (their count is checked).
-_BAD_NAMES = re.compile(rb"[\x01-\x20A-Z\x7f-\xff]|[^\x00]:")
-_BAD_VALUES = re.compile(rb"[\r\n]|(?:\A|\x00)[ \t]|[ \t](?:\x00|\Z)")
+# Names: none of \x01-\x20, A-Z, \x7f-\xff (what deleting every other byte leaves), and a
+# colon only where a name starts. Values: no CR or LF, no space or tab at either end. Byte
+# operations, not regular expressions: a third of the cost (these run on every request).
+_NAME_OK = bytes(b for b in range(256) if not (0x01 <= b <= 0x20 or 0x41 <= b <= 0x5A or b >= 0x7F))
+_EDGE = (b" ", b"\t")
+
+
+def _bad_names(names: bytes) -> bool:
+    return bool(names.translate(None, _NAME_OK)) \
+        or names.count(b":") != names.count(b"\0:") + (names[:1] == b":")
+
+
+def _bad_values(v: bytes) -> bool:
+    return (b"\r" in v or b"\n" in v or b"\0 " in v or b"\0\t" in v or b" \0" in v
+            or b"\t\0" in v or v[:1] in _EDGE or v[-1:] in _EDGE)
+
+
 _PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
 _NEEDED = frozenset((b":method", b":authority"))
 # RFC 9114 §4.2: fields that are connection-specific in HTTP/1.1 make a request malformed.
@@ -244,8 +257,8 @@ CONNECTION_SPECIFIC_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-c
 def validate_request(headers, stream=None) -> None:
     """aioquic's ``validate_request_headers`` with the same verdicts (a test compares
     them; qh3's own checks less: not the characters, nor connection-specific fields), its
-    per-byte loops over every name and value replaced by two regular expressions over all
-    the names and all the values at once. Installed in qh3's module below (it calls the
+    per-byte loops over every name and value replaced by byte operations over all the
+    names and all the values at once. Installed in qh3's module below (it calls the
     function by its global name); only a server's H3Connection calls it, for the requests
     it receives."""
     after = False
@@ -253,7 +266,7 @@ def validate_request(headers, stream=None) -> None:
     names = b"\0".join([k for k, _ in headers])
     values = b"\0".join([v for _, v in headers])
     n = len(headers) - 1
-    if (_BAD_NAMES.search(names) or _BAD_VALUES.search(values)
+    if (_bad_names(names) or _bad_values(values)
             or names.count(0) != n or values.count(0) != n) and headers:
         raise MessageError("A field name or value has invalid characters")
     for key, value in headers:
