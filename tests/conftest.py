@@ -27,7 +27,10 @@ LOOPS = ["epoll", "io-uring", "kqueue", "asyncio"]
 # (reliability, real site, supervisor) use LOOPS, i.e. the compiled body where it is built.
 PURE = ["epoll-pure", "io-uring-pure"]
 # Every server the conformance suite runs against: the loops, and the packaged targets.
-TARGETS = LOOPS + PURE + ["container", "unikernel"]
+# "unikernel-2cpu": the same image booted with --cpus 2 (core 0 polls QEMU's user networking
+# and hands each connection's frames to its core): the conformance suites on both cores.
+UNIKERNELS = {"unikernel": [], "unikernel-2cpu": ["--cpus", "2"]}
+TARGETS = LOOPS + PURE + ["container", *UNIKERNELS]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # ORISHA_TEST_PYTHON: the interpreter of an installed Orisha (a wheel in a venv) that every
 # server and build runs instead of the checkout's; from a folder outside the checkout, so
@@ -179,9 +182,9 @@ _servers: dict = {}
 def _server(builds, loop: str, mode: str) -> Server:
     key = (loop, mode)
     if key not in _servers:
-        if loop == "unikernel":  # a booted image: built from the site with its own --loop
+        if loop in UNIKERNELS:  # a booted image: built from the site with its own --loop
             from unikernel_target import boot
-            _servers[key] = boot(DEMO, MODES[mode], TEST_LIMITS)
+            _servers[key] = boot(DEMO, MODES[mode], TEST_LIMITS + UNIKERNELS[loop])
         elif loop == "container":  # the FROM-scratch image, run as uid 65534 on 127.0.0.1
             from container_target import start
             _servers[key] = start(DEMO, MODES[mode], TEST_LIMITS)
@@ -227,7 +230,7 @@ def demo_file(rel: str) -> bytes:
 # test that boots the unikernel image, builds or runs the container, or starts a browser is
 # slow, whether by its module or by the target it is parametrised over.
 SLOW_MODULES = ("test_unikernel", "test_container", "test_symlinked_docs", "test_wheel")
-SLOW_TARGETS = {"unikernel", "container"}
+SLOW_TARGETS = {*UNIKERNELS, "container"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import PURE, ROOT, TEST_LIMITS, Server, _servers, orisha
+from conftest import PURE, ROOT, TEST_LIMITS, UNIKERNELS, Server, _servers, orisha
 from httpraw import Conn
 from test_build import one_line_error
 
@@ -29,9 +29,9 @@ def rules_port(loop, tmp_path_factory):
     """A server of sites/rules for the target ``loop`` (stopped with the conftest's servers)."""
     key = (loop, "rules")
     if key not in _servers:
-        if loop == "unikernel":
+        if loop in UNIKERNELS:
             from unikernel_target import boot
-            _servers[key] = boot(RULES, [], TEST_LIMITS)
+            _servers[key] = boot(RULES, [], TEST_LIMITS + UNIKERNELS[loop])
         elif loop == "container":
             from container_target import start
             _servers[key] = start(RULES, [], TEST_LIMITS)
