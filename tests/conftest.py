@@ -179,6 +179,17 @@ def builds(tmp_path_factory):
 _servers: dict = {}
 
 
+@pytest.fixture(scope="session")
+def image(tmp_path_factory):
+    """The demo site built for the unikernel (``--not-found 404.html``), once a session, for
+    the modules that boot it as it is (test_unikernel, _smp, _tap); modules that build
+    theirs otherwise define their own ``image``."""
+    out = str(tmp_path_factory.mktemp("uk") / "demo")
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
 def _server(builds, loop: str, mode: str) -> Server:
     key = (loop, mode)
     if key not in _servers:

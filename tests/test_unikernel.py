@@ -37,14 +37,6 @@ pytestmark = pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
                                 reason="apt-get install qemu-system-x86")
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("uk") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
-    assert r.returncode == 0, r.stderr
-    return out
-
-
 def test_boot_serve_and_stop(image):
     started = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "boot", image, "--port", "0"],

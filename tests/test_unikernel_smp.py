@@ -47,14 +47,6 @@ def test_qemu_gets_smp_and_the_kernel_the_count():
     assert "orisha.cpus=4" in four[four.index("-append") + 1].split()
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("uk-smp") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
-    assert r.returncode == 0, r.stderr
-    return out
-
-
 def _vcpu_seconds(qemu: int) -> dict[str, float]:
     """CPU time of each vCPU thread of QEMU (named ``CPU 1/KVM`` by ``debug-threads``)."""
     tick = os.sysconf("SC_CLK_TCK")

@@ -87,14 +87,6 @@ def test_a_missing_tap_or_a_bad_address_is_a_one_line_error(tmp_path, args, word
     assert lines[0].startswith("orisha: error: ") and all(w in lines[0] for w in words), lines
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("uk-tap") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
-    assert r.returncode == 0, r.stderr
-    return out
-
-
 def _tap(multi_queue: bool):
     """A tap of this test's own: (name, host address, guest address/NN)."""
     n = os.getpid() % 250 + 1
