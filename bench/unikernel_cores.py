@@ -1,16 +1,18 @@
 """The image on 1 vCPU against 2 vCPUs over tap, in one run.
 
-    .venv/bin/python bench/unikernel_cores.py [--rounds 3] [--seconds 5] [--conns 16]
+    .venv/bin/python bench/unikernel_cores.py [--rounds 3] [--seconds 5] [--conns 16] [--threads 1]
 
 The demo site built with a test certificate (plain HTTP on 80, HTTPS on 443) boots
 with `orisha boot --tap NAME --address A/24 --cpus N` on two tap devices this script
 makes in the host's namespace (a plain one for 1 vCPU, a multi_queue one for 2: a
-queue pair per vCPU) and removes afterwards. wrk (one thread, --conns connections,
+queue pair per vCPU) and removes afterwards. wrk (--threads threads, --conns connections,
 `Connection: close`: every request a new connection, and over HTTPS a new full
 handshake) runs on the host against each, interleaved round by round. Printed per
 protocol: median req/s, the 2-vCPU / 1-vCPU ratio, and where the host's CPU went in
 the window: the whole host's busy share, the client's (wrk's) share of the host, the
 guest's vCPU threads (ms of vCPU time per request, and the share of the host).
+The client's CPU per request (wrk's user + system time) beside the guest's: on a host
+with as many cores as the guest has vCPUs, their sum bounds the rate whatever the vCPUs.
 Needs root (tap devices), /dev/net/tun, wrk, QEMU.
 """
 
@@ -76,7 +78,9 @@ def wrk(url: str, seconds: float, conns: int, threads: int = 1) -> dict:
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"rps": float(m.group(1)) if m else 0.0, "host": (b1 - b0) / max(1, t1 - t0),
+    rps = float(m.group(1)) if m else 0.0
+    return {"rps": rps, "host": (b1 - b0) / max(1, t1 - t0),
+            "client_ms": client * 1000 / max(1, rps * wall),
             "client": client / (wall * os.cpu_count()), "wall": wall,
             "errors": (errors.group(1) if errors else "") + (f" non-2xx {non2xx.group(1)}" if non2xx else "")}
 
@@ -138,7 +142,7 @@ def main() -> None:
                         r["guest"] = (vcpu_seconds(vm.qemu) - v0) / (r["wall"] * os.cpu_count())
                         results.setdefault((proto, cpus), []).append(r)
                         print(f"round {rnd + 1} {proto:5} {cpus} vCPU {r['rps']:>8,.0f} req/s  host busy "
-                              f"{r['host']:.0%}  client {r['client']:.0%}  guest {r['guest']:.0%} "
+                              f"{r['host']:.0%}  client {r['client']:.0%} ({r['client_ms']:.2f} ms/req)  guest {r['guest']:.0%} "
                               f"({r['guest_ms']:.2f} ms vCPU/req) {r['errors']}", flush=True)
                 finally:
                     vm.stop()
@@ -149,13 +153,14 @@ def main() -> None:
     med = lambda proto, cpus, k: statistics.median(r[k] for r in results[(proto, cpus)])  # noqa: E731
     print(f"\n{os.cpu_count()} host cores; wrk -t{args.threads} -c{args.conns}, Connection: close, {PATH}, "
           f"{args.rounds} rounds of {args.seconds:g} s (medians)")
-    print("| protocol | vCPUs | req/s | 2 / 1 vCPU | host busy | client share | guest share | guest ms/req |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| protocol | vCPUs | req/s | 2 / 1 vCPU | host busy | client share | client ms/req | guest share | guest ms/req |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for proto in ("http", "https"):
         for cpus in (1, 2):
             ratio = f"{med(proto, 2, 'rps') / med(proto, 1, 'rps'):.2f}×" if cpus == 2 else ""
             print(f"| {proto} | {cpus} | {med(proto, cpus, 'rps'):,.0f} | {ratio} | "
                   f"{med(proto, cpus, 'host'):.0%} | {med(proto, cpus, 'client'):.0%} | "
+                  f"{med(proto, cpus, 'client_ms'):.2f} | "
                   f"{med(proto, cpus, 'guest'):.0%} | {med(proto, cpus, 'guest_ms'):.2f} |")
 
 
