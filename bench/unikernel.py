@@ -1,6 +1,6 @@
 """The booted image against the epoll loop, in one run.
 
-    .venv/bin/python bench/unikernel.py [--rounds 3] [--seconds 5]
+    .venv/bin/python bench/unikernel.py [--rounds 3] [--seconds 5] [--no-tso]
 
 1. QEMU user networking: `orisha boot` (hostfwd to 127.0.0.1) and `orisha
    serve --loop epoll --workers 1` on loopback, wrk -t1 -c10 on each in
@@ -62,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--no-tso", action="store_true",
+                    help="the guest leaves TCP segments ungathered on the tap (orisha.tso=off)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="orisha-uk-")
     demo = os.path.join(ROOT, "sites", "demo")
@@ -116,7 +118,8 @@ def main() -> None:
                "--dhcp-range=10.77.0.10,10.77.0.10,1h", f"--dhcp-leasefile={leases}"], ns=True)
         image = os.path.join(img, "orisha.img")
         # orisha boot's command line (the one copy), its user networking swapped for the tap
-        cmd = qemu_command(image, "127.0.0.1", 0, resolve_accel("auto"), guest_megabytes(image), "")
+        cmd = qemu_command(image, "127.0.0.1", 0, resolve_accel("auto"), guest_megabytes(image),
+                           "orisha.tso=off" if args.no_tso else "")
         cmd[cmd.index("-netdev") + 1] = f"tap,id=n0,ifname={TAP},script=no,downscript=no"
         vm = start(cmd, ns=True)
         guest = None

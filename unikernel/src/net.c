@@ -480,6 +480,7 @@ void net_up(void)
 
 void net_wait(uint32_t us)
 {
+    virtio_net_flush(); /* nothing sent since the last poll waits out the nap (TSO) */
     struct frame_ring *r = rings[platform_cpu()];
     if (!r) { /* core 0 with one queue pair: it polls the device for every core */
         cpu_relax();
@@ -512,11 +513,12 @@ void net_log_stats(void)
     unsigned me = platform_cpu();
     if (virtio_net_pairs() > 1) {
         platform_printf("orisha: net cpu %u queue %u rx %lu tx %lu tx_ring_full %lu arp_copied %lu "
-                        "ring_full %lu rx_dropped %lu tx_dropped %lu\n", me, me,
-                        (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
+                        "ring_full %lu rx_dropped %lu tx_dropped %lu tso_frames %lu tso_segments %lu\n",
+                        me, me, (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
                         (unsigned long)st->tx_full, (unsigned long)arp_copied,
                         (unsigned long)rings[me]->full, (unsigned long)rx_dropped,
-                        (unsigned long)tx_dropped);
+                        (unsigned long)tx_dropped, (unsigned long)st->tso_frames,
+                        (unsigned long)st->tso_segments);
         return;
     }
     if (me) {
@@ -525,8 +527,10 @@ void net_log_stats(void)
                         (unsigned long)rx_dropped, (unsigned long)tx_dropped);
         return;
     }
-    platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu tx_dropped %lu\n",
+    platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu tx_dropped %lu "
+                    "tso_frames %lu tso_segments %lu\n",
                     (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
                     (unsigned long)st->tx_full, (unsigned long)rx_dropped,
-                    (unsigned long)tx_dropped);
+                    (unsigned long)tx_dropped, (unsigned long)st->tso_frames,
+                    (unsigned long)st->tso_segments);
 }

@@ -12,6 +12,16 @@
  * VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET turns the pairs on. The host's tap then steers each
  * flow to one queue (and keeps it on the queue the guest answers on), so every core
  * receives and transmits its own connections; the per-pair lock stays uncontended.
+ *
+ * TCP segmentation offload (the device offers VIRTIO_NET_F_CSUM + HOST_TSO4: a tap, whose
+ * backend takes a virtio_net_hdr; QEMU's user networking does not): lwIP emits MSS-sized
+ * segments one by one; a run of in-order full segments of one flow that lwIP emits in one
+ * turn of the loop (same headers but for the sequence number, only ACK and PSH set) is
+ * gathered into one frame of up to 64 KiB with GSO_TCPV4 and NEEDS_CSUM (its TCP checksum
+ * field the pseudo-header's sum, the host folding in the rest), closed by a short segment,
+ * any other frame of this pair, or the end of the turn (virtio_net_flush). The host's tap
+ * hands such a frame to its stack as one packet (or segments it): one descriptor, one
+ * copy into the host and one trip through its TCP for up to 44 segments.
  */
 #include <string.h>
 #include "virtio_net.h"
@@ -21,6 +31,8 @@
 #include "io.h"
 
 #define VIRTIO_ID_NET 1
+#define VIRTIO_NET_F_CSUM 0
+#define VIRTIO_NET_F_HOST_TSO4 11
 #define VIRTIO_NET_F_MAC 5
 #define VIRTIO_NET_F_CTRL_VQ 17
 #define VIRTIO_NET_F_MQ 22
@@ -33,6 +45,21 @@
 
 #define VIRTIO_NET_PCI_ID 0x1000 /* transitional virtio-net-pci */
 
+/* Gathered TCP frames (TSO): buffers of a 64 KiB IP packet, a few per pair. */
+#define BIG_COUNT 16
+#define BIG_SIZE (65536 + 64)
+#define TSO_MAX_IP 65535u
+#define HDR_F_NEEDS_CSUM 1
+#define HDR_GSO_TCPV4 1
+
+struct held { /* the gathered frame being built (id < 0: none) */
+    int id;             /* its descriptor (and big_of[id]: its buffer) */
+    uint8_t *frame;     /* the Ethernet frame in its big buffer, after the virtio header */
+    uint32_t len;       /* bytes of the frame so far */
+    uint32_t next_seq;  /* the sequence number a segment must carry to be appended */
+    uint16_t mss, last, segs, thl;
+};
+
 struct pair {
     struct virtq rxq, txq;
     uint8_t *rx_bufs, *tx_bufs;
@@ -41,6 +68,11 @@ struct pair {
     int tx_pending; /* tx_begin handed out tx_pending_id */
     uint16_t tx_pending_id;
     int tx_lock;
+    uint8_t *big_bufs;
+    int8_t big_of[QUEUE_MAX];     /* descriptor id -> its big buffer, -1: a small one */
+    uint8_t big_free[BIG_COUNT];
+    uint8_t big_free_count;
+    struct held held;
     struct virtio_net_stats stats;
 } __attribute__((aligned(64)));
 
@@ -49,7 +81,8 @@ static struct pair pairs[POLICY_CPUS_MAX] PLATFORM_SHARED;
 static unsigned npairs PLATFORM_SHARED;
 static size_t hdr_len PLATFORM_SHARED;
 static uint8_t mac[6] PLATFORM_SHARED;
-static char describe[128] PLATFORM_SHARED;
+static char describe[160] PLATFORM_SHARED;
+static int tso PLATFORM_SHARED; /* CSUM + HOST_TSO4 negotiated */
 
 static void lock_tx(struct pair *q)
 {
@@ -101,6 +134,16 @@ static void pair_setup(unsigned i)
     q->tx_free_count = q->txq.size;
     for (uint16_t k = 0; k < q->rxq.size; k++)
         rx_post(q, k);
+    q->held.id = -1;
+    for (unsigned k = 0; k < QUEUE_MAX; k++)
+        q->big_of[k] = -1;
+    if (tso) { /* from the RAM above the image, mapped alike on every core */
+        q->big_bufs = platform_ram_alloc((size_t)BIG_COUNT * BIG_SIZE, 4096);
+        ASSERT(platform_is_shared(q->big_bufs, (size_t)BIG_COUNT * BIG_SIZE));
+        for (unsigned k = 0; k < BIG_COUNT; k++)
+            q->big_free[k] = (uint8_t)k;
+        q->big_free_count = BIG_COUNT;
+    }
 }
 
 /* VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET (virtio 1.1 §5.1.6.5.5): a chain of the command's
@@ -145,12 +188,16 @@ int virtio_net_init(void)
     uint64_t mq = (1ull << VIRTIO_NET_F_MQ) | (1ull << VIRTIO_NET_F_CTRL_VQ);
     if (platform_cpus_asked() > 1 && (offered & mq) == mq)
         want |= mq;
+    uint64_t offload = (1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_HOST_TSO4);
+    if ((offered & offload) == offload && !platform_cmdline_has("orisha.tso=off"))
+        want |= offload;
     if (dev.transport == VIRTIO_MMIO_MODERN) {
         if (!(offered & (1ull << VIRTIO_F_VERSION_1)))
             PANIC("virtio-net: modern mmio device without VERSION_1");
         want |= 1ull << VIRTIO_F_VERSION_1;
     }
     want &= offered;
+    tso = (want & offload) == offload;
     virtio_set_features(&dev, want);
     uint8_t st = VIRTIO_STATUS_ACK | VIRTIO_STATUS_DRIVER;
     if (dev.modern) {
@@ -185,10 +232,10 @@ int virtio_net_init(void)
     for (unsigned i = 0; i < npairs; i++)
         virtio_queue_kick(&pairs[i].rxq);
 
-    platform_snprintf(describe, sizeof describe, "%s @%#lx, %s, %u queue pair%s of %u, rxq %u txq %u",
+    platform_snprintf(describe, sizeof describe, "%s @%#lx, %s, %u queue pair%s of %u, rxq %u txq %u%s",
                       dev.how, (unsigned long)dev.base, dev.modern ? "modern" : "legacy",
                       npairs, npairs == 1 ? "" : "s", max_pairs, pairs[0].rxq.size,
-                      pairs[0].txq.size);
+                      pairs[0].txq.size, tso ? ", tso" : "");
     return 1;
 }
 
@@ -230,6 +277,10 @@ static void tx_reclaim(struct pair *q)
     uint32_t id, len;
     while (virtio_queue_pop(&q->txq, &id, &len)) {
         ASSERT(id < q->txq.size && q->tx_free_count < q->txq.size);
+        if (q->big_of[id] >= 0) {
+            q->big_free[q->big_free_count++] = (uint8_t)q->big_of[id];
+            q->big_of[id] = -1;
+        }
         q->tx_free[q->tx_free_count++] = (uint16_t)id;
     }
 }
@@ -261,15 +312,15 @@ uint8_t *virtio_net_tx_begin(void)
     return buf + hdr_len;
 }
 
-void virtio_net_tx_commit(size_t len)
+static uint16_t be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+
+static void push(struct pair *q, uint16_t id, uintptr_t addr, uint32_t len)
 {
-    struct pair *q = my_pair();
-    ASSERT(q->tx_pending && len <= VIRTIO_NET_MAX_FRAME);
-    uint16_t id = q->tx_pending_id;
-    q->tx_pending = 0;
     volatile struct virtq_desc *d = &q->txq.desc[id];
-    d->addr = (uintptr_t)(q->tx_bufs + (size_t)id * BUF_SIZE);
-    d->len = (uint32_t)(hdr_len + len);
+    d->addr = addr;
+    d->len = len;
     d->flags = 0;
     d->next = 0;
     virtio_queue_push(&q->txq, id);
@@ -277,6 +328,131 @@ void virtio_net_tx_commit(size_t len)
     /* Kick early when a batch builds up so the device can work in parallel. */
     if (q->txq.unkicked >= 32)
         virtio_queue_kick(&q->txq);
+}
+
+/* A TCP/IPv4 segment with data that may be gathered: no IP options or fragments, no
+ * padding, flags ACK (and PSH) only. Its TCP header length and payload bytes, else 0. */
+static uint32_t gatherable(const uint8_t *f, size_t len, uint16_t *thl)
+{
+    if (len < 54 || be16(f + 12) != 0x0800 || f[14] != 0x45 || f[23] != 6)
+        return 0;
+    const uint8_t *ip = f + 14, *tcp = f + 34;
+    if ((be16(ip + 6) & 0x3fff) || 14u + be16(ip + 2) != len)
+        return 0;
+    *thl = (uint16_t)((tcp[12] >> 4) * 4);
+    if (*thl < 20 || 34u + *thl >= len || (tcp[13] & ~0x08) != 0x10)
+        return 0;
+    return (uint32_t)len - 34u - *thl;
+}
+
+/* Send the gathered frame: as it is if it holds one segment (lwIP's checksums stand),
+ * else with its IP length and checksum made anew and the GSO header. */
+static void close_held(struct pair *q)
+{
+    struct held *h = &q->held;
+    if (h->id < 0)
+        return;
+    uint8_t *vh = h->frame - hdr_len, *ip = h->frame + 14, *tcp = h->frame + 34;
+    if (h->segs > 1) {
+        uint32_t ip_len = h->len - 14u;
+        put16(ip + 2, (uint16_t)ip_len);
+        put16(ip + 10, 0);
+        uint32_t sum = 0;
+        for (int i = 0; i < 20; i += 2)
+            sum += be16(ip + i);
+        while (sum >> 16)
+            sum = (sum & 0xffff) + (sum >> 16);
+        put16(ip + 10, (uint16_t)~sum);
+        /* NEEDS_CSUM: the field holds the pseudo-header's sum, not complemented. */
+        sum = be16(ip + 12) + be16(ip + 14) + be16(ip + 16) + be16(ip + 18) + 6u + (ip_len - 20u);
+        while (sum >> 16)
+            sum = (sum & 0xffff) + (sum >> 16);
+        put16(tcp + 16, (uint16_t)sum);
+        vh[0] = HDR_F_NEEDS_CSUM;
+        vh[1] = HDR_GSO_TCPV4;
+        uint16_t hl = (uint16_t)(34u + h->thl), start = 34, off = 16;
+        memcpy(vh + 2, &hl, 2); /* little-endian fields (legacy on x86, VERSION_1 LE) */
+        memcpy(vh + 4, &h->mss, 2);
+        memcpy(vh + 6, &start, 2);
+        memcpy(vh + 8, &off, 2);
+        q->stats.tso_frames++;
+        q->stats.tso_segments += h->segs;
+    }
+    push(q, (uint16_t)h->id, (uintptr_t)vh, (uint32_t)(hdr_len + h->len));
+    h->id = -1;
+}
+
+/* Append the segment in f to the gathered frame if it continues it; 1 if taken. */
+static int append(struct pair *q, const uint8_t *f, uint32_t n, uint16_t thl)
+{
+    struct held *h = &q->held;
+    const uint8_t *g = h->frame;
+    if (h->id < 0 || thl != h->thl || h->last != h->mss || n > h->mss
+        || be32(f + 38) != h->next_seq || h->len + n - 14u > TSO_MAX_IP
+        || memcmp(f, g, 16) || memcmp(f + 22, g + 22, 2) || memcmp(f + 26, g + 26, 12)
+        || memcmp(f + 42, g + 42, 5) || memcmp(f + 48, g + 48, 2)
+        || memcmp(f + 52, g + 52, 2 + (thl - 20u)))
+        return 0; /* MACs, type, IP ver/TOS, TTL/proto, addresses, ports, ACK and data
+                   * offset, window, urgent pointer and options */
+    if (q->big_of[h->id] < 0) { /* its second segment: from the small buffer to a big one */
+        if (!q->big_free_count)
+            return 0;
+        int big = q->big_free[--q->big_free_count];
+        q->big_of[h->id] = (int8_t)big;
+        uint8_t *vh = q->big_bufs + (size_t)big * BIG_SIZE;
+        memcpy(vh + hdr_len, h->frame, h->len); /* the small buffer's header is all zeros */
+        memset(vh, 0, hdr_len);
+        h->frame = vh + hdr_len;
+    }
+    memcpy(h->frame + h->len, f + 34 + thl, n);
+    h->len += n;
+    h->next_seq += n;
+    h->last = (uint16_t)n;
+    h->segs++;
+    h->frame[47] |= f[47]; /* PSH */
+    return 1;
+}
+
+/* Start gathering at the segment in descriptor id's small buffer, where it stays until
+ * a second one comes (a single segment leaves as it is, uncopied). */
+static void start_held(struct pair *q, uint16_t id, uint8_t *f, uint32_t len, uint32_t n,
+                       uint16_t thl)
+{
+    struct held *h = &q->held;
+    h->frame = f;
+    h->id = id;
+    h->len = len;
+    h->mss = h->last = (uint16_t)n;
+    h->next_seq = be32(f + 38) + n;
+    h->segs = 1;
+    h->thl = thl;
+}
+
+void virtio_net_tx_commit(size_t len)
+{
+    struct pair *q = my_pair();
+    ASSERT(q->tx_pending && len <= VIRTIO_NET_MAX_FRAME);
+    uint16_t id = q->tx_pending_id;
+    q->tx_pending = 0;
+    uint8_t *buf = q->tx_bufs + (size_t)id * BUF_SIZE;
+    if (tso) {
+        uint16_t thl = 0;
+        uint32_t n = gatherable(buf + hdr_len, len, &thl);
+        if (n && append(q, buf + hdr_len, n, thl)) {
+            q->tx_free[q->tx_free_count++] = id; /* its bytes are in the gathered frame */
+            if (n < q->held.mss)
+                close_held(q);
+            unlock_tx(q);
+            return;
+        }
+        close_held(q); /* anything else of this pair goes after it */
+        if (n >= 536 && q->big_free_count) {
+            start_held(q, id, buf + hdr_len, (uint32_t)len, n, thl);
+            unlock_tx(q);
+            return;
+        }
+    }
+    push(q, id, (uintptr_t)buf, (uint32_t)(hdr_len + len));
     unlock_tx(q);
 }
 
@@ -285,9 +461,11 @@ void virtio_net_flush(void)
     struct pair *q = my_pair();
     /* Nothing queued to kick, nothing used to reclaim: leave the lock alone (core 0
      * passes here on every turn of its loop; the others must get the lock fast). */
-    if (!__atomic_load_n(&q->txq.unkicked, __ATOMIC_RELAXED) && q->txq.last_used == q->txq.used->idx)
+    if (!__atomic_load_n(&q->txq.unkicked, __ATOMIC_RELAXED) && q->txq.last_used == q->txq.used->idx
+        && __atomic_load_n(&q->held.id, __ATOMIC_RELAXED) < 0)
         goto rx;
     lock_tx(q);
+    close_held(q); /* the end of the turn: what was gathered goes */
     virtio_queue_kick(&q->txq);
     tx_reclaim(q);
     unlock_tx(q);

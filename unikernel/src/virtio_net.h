@@ -32,6 +32,7 @@ void virtio_net_flush(void);
 
 struct virtio_net_stats {
     uint64_t rx_frames, tx_frames, tx_full;
+    uint64_t tso_frames, tso_segments; /* gathered TCP frames (TSO) and the segments in them */
 };
 /* This core's pair's counters. */
 const struct virtio_net_stats *virtio_net_stats(void);
