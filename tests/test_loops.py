@@ -97,6 +97,7 @@ def test_explicit_io_uring_fails_in_one_line(tmp_path):
     assert err.strip() == "orisha: error: --loop io-uring: the liburing package is not installed"
 
 
+@pytest.mark.serial  # kernel.io_uring_disabled is host-wide: an io_uring server started meanwhile fails
 def test_io_uring_disabled_by_sysctl(tmp_path):
     knob = "/proc/sys/kernel/io_uring_disabled"
     if not os.path.exists(knob):
