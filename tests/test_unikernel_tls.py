@@ -801,3 +801,18 @@ def test_kernel_size_with_tls(vm):
     m = manifest.read(vm.out)
     assert m["tls"] is True
     assert m["kernel_bytes"] <= 428 * 1024, m["kernel_bytes"]
+
+
+def test_mbedtls_moves_its_blocks_without_calls(vm):
+    """AES-GCM's 16-byte copies, clears and XORs (memcpy/memset, also behind alignment.h's
+    word reads) are inlined, not calls to libc.c's rep movsb: the Makefile builds mbedTLS
+    with -fbuiltin after -ffreestanding. Without it gcm.o alone made 64 such calls and the
+    guest's AES-GCM ran at 21 cycles a byte instead of 6 (unikernel/README.md)."""
+    from orisha.targets.unikernel.image import build_dirs, unikernel_dir
+    objects = os.path.join(build_dirs(unikernel_dir())[0], "mbedtls")
+    for name in ("gcm.o", "aes.o"):
+        r = subprocess.run(["objdump", "-dr", os.path.join(objects, name)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        calls = re.findall(r"R_X86_64_PLT32\s+(memcpy|memset|memmove)\b", r.stdout)
+        assert not calls, (name, len(calls))
