@@ -40,7 +40,7 @@ import time
 
 import pytest
 from tlsutil import client_context, make_pki
-from unikernel_target import ROOT, build
+from unikernel_target import ROOT, build, with_test_cpus
 
 from orisha.core.connection import ERRORS
 
@@ -64,8 +64,8 @@ class Vm:
         self.log: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orisha.cli", "boot", out, "--port", "0", "--http-port", "0",
-             "--head-timeout", str(HEAD_TIMEOUT), "--send-timeout", str(send_timeout),
-             "--idle-timeout", "15"],
+             *with_test_cpus(["--head-timeout", str(HEAD_TIMEOUT),
+                              "--send-timeout", str(send_timeout), "--idle-timeout", "15"])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         self._drain = threading.Thread(target=lambda: self.log.extend(self.proc.stderr),
                                        daemon=True)
@@ -103,7 +103,7 @@ class Vm:
         """Every ``orisha: stats`` line of the serial log, as name -> number."""
         out = []
         for line in list(self.log):
-            if "orisha: stats " in line:
+            if "orisha: stats open " in line:  # not a core's "stats cpu N" line (--cpus 2)
                 words = line.split("orisha: stats ", 1)[1].split()
                 out.append({w: int(n) for w, n in zip(words, words[1:]) if n.isdigit()})
         return out
