@@ -90,3 +90,40 @@ def test_workaround_credits_the_whole_datagram_and_answers(pki):
     heads = [e for e in seen if e.__class__ is HeadersReceived and e.stream_id == sid]
     body = b"".join(e.data for e in seen if e.__class__ is DataReceived and e.stream_id == sid)
     assert heads and (b":status", b"200") in heads[0].headers and body == b"hello over qh3"
+
+
+def test_the_server_resends_a_lost_handshake_done_on_its_own_timer(pki):
+    """Once its handshake is complete the server arms its own probe timeout (RFC 9002 §6.2):
+    its first four datagrams after that (HANDSHAKE_DONE among them) are lost, and what
+    confirms the client's handshake is a datagram the server sent from ``handle_timer``,
+    not an answer to one of the client's probes (a loaded interop run had the client
+    probing for a minute with nothing from the server in between; not this layer)."""
+    client, server, first = _pair(pki, ServerConnection)
+    server.receive_datagram(first[0][0], CLIENT, 0.0)
+    now, dropped, source = 0.0, 0, []
+
+    def deliver(why: str) -> None:
+        nonlocal dropped
+        for data, _ in server.datagrams_to_send(now):
+            if server._handshake_complete and dropped < 4:
+                dropped += 1
+                continue
+            client.receive_datagram(data, SERVER, now)
+            if client._handshake_confirmed and not source:
+                source.append(why)
+
+    while now < 30 and not client._handshake_confirmed:
+        deliver("an answer to the client")
+        while client.next_event() is not None:
+            pass
+        for data, _ in client.datagrams_to_send(now):
+            server.receive_datagram(data, CLIENT, now)
+        timers = [t for t in (client.get_timer(), server.get_timer()) if t is not None]
+        now = max(now + 0.001, min(timers))
+        if client.get_timer() is not None and client.get_timer() <= now:
+            client.handle_timer(now)
+        if server.get_timer() is not None and server.get_timer() <= now:
+            server.handle_timer(now)
+            deliver("the server's timer")
+    assert client._handshake_confirmed and dropped == 4, (now, dropped)
+    assert source == ["the server's timer"], source
