@@ -753,8 +753,17 @@ class Endpoint(_Admission):
             quic.close(error_code=ErrorCode.H3_INTERNAL_ERROR, reason_phrase="internal error")
         try:
             _gather(self.out, quic.datagrams_to_send(now))
-        except QuicConnectionError:  # the core failed building: the connection is lost
+        except QuicConnectionError as e:  # the core failed building: the connection is lost…
             ended = True
+            self.errors += 1
+            if self.errors == 1:
+                print(f"orisha: HTTP/3 connection closed on an error of the QUIC core: {e!r}",
+                      file=sys.stderr)
+            try:  # …and the client told so, not left to its idle timeout
+                quic.close(error_code=ErrorCode.H3_INTERNAL_ERROR, reason_phrase="internal error")
+                _gather(self.out, quic.datagrams_to_send(now))
+            except QuicConnectionError:
+                pass
         if ended:
             self._forget(c)
             return

@@ -36,6 +36,43 @@ class ServerConnection(QuicConnection):
     """A qh3 server connection whose datagrams are credited whole (see the module's docstring)."""
 
     exhausted = 0  # times the core's builder ran out of amplification room (datagrams_to_send)
+    held = False   # the last poll ended congestion-limited: the core may hold reservations
+    early: list | None = None  # datagrams built before a drain (``_drain_core``), not yet sent
+    deferred = 0   # drains put off while the core held reservations
+    _now = 0.0     # the time of the input being handled (``_drain_core`` has no argument)
+
+    def _drain_core(self) -> None:
+        """qh3's, put off while its core may hold stream reservations across a drain.
+
+        qh3 2.1.0's core reserves stream frames for a packet before it knows whether the
+        congestion window lets one go; when it does not, the reservations stay queued
+        for the next ``poll_transmit`` — and draining its events meanwhile may remove a
+        stream that has just finished (an ACK for its last bytes: a probe or
+        retransmission of them was what was reserved), after which the next packet
+        with that reservation fails (``reserved stream is missing``) and loses its
+        frames and every reservation after it: the connection stalls for good. So after
+        a poll that ended congestion-limited, the next drain first polls (what it
+        builds goes out with the next ``datagrams_to_send``) and runs only if the window
+        has opened — which empties the reservations (a packet takes them); else the
+        events wait in the core for the next input or timer (an ACK or a probe
+        timeout), which is when the window can open."""
+        core = self._core
+        if self.held and self._handshake_complete and core is not None \
+                and core.state == "connected":
+            got = self._poll(self._now)
+            if got:
+                if self.early is None:
+                    self.early = got
+                else:
+                    self.early.extend(got)
+            if self.held:
+                self.deferred += 1
+                return
+        super()._drain_core()
+
+    def handle_timer(self, now: float) -> None:
+        self._now = now
+        super().handle_timer(now)
 
     def receive_batch(self, datagrams: list, addr, now: float) -> None:
         """Datagrams of one address, in order: once the handshake is complete (no more
@@ -45,6 +82,7 @@ class ServerConnection(QuicConnection):
             for data in datagrams:
                 self.receive_datagram(data, addr, now)
             return
+        self._now = now
         if self._quic_logger is not None:
             for data in datagrams:
                 self._log_datagram("datagrams_received", data)
@@ -60,6 +98,16 @@ class ServerConnection(QuicConnection):
         probe under loss — where it should wait for the client's next datagram (which
         raises the limit) as it does when nothing at all is allowed. The datagrams built
         before stand; the frames of the refused packet were never sent and go out later."""
+        early = self.early
+        if early is not None:
+            self.early = None
+            early.extend(self._poll(now))
+            return early
+        return self._poll(now)
+
+    def _poll(self, now: float) -> list:
+        """Every datagram the core will build now (``held`` says whether it stopped on
+        the congestion window)."""
         core = self._core
         if core is None:
             return []
@@ -72,13 +120,16 @@ class ServerConnection(QuicConnection):
                     self._log_datagram("datagrams_sent", transmit[0])
                     self._log_packets("packet_sent", transmit[0])
                 transmit = poll(now)
-        except RuntimeError as e:  # as qh3's _call_core, but for the one above
+        except (RuntimeError, ValueError) as e:  # as qh3's _call_core, for the one above
             if str(e) != _EXHAUSTED:
                 raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(e)) from e
             self.exhausted += 1
+        self.held = core.congestion_window - core.bytes_in_flight \
+            < self._configuration.max_datagram_size
         return out
 
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
+        self._now = now
         if self._handshake_complete and data and not data[0] & 0x80 \
                 and self._quic_logger is None:
             # A short header after the handshake: one packet to the datagram's end.
