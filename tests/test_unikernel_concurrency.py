@@ -26,6 +26,7 @@ from tlsutil import make_pki
 from unikernel_target import build
 
 pytestmark = [pytest.mark.slow,
+              pytest.mark.serial,  # alone: beside the other tests the guest is starved (dev)
               pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
                                  reason="apt-get install qemu-system-x86"),
               pytest.mark.skipif(shutil.which("h2load") is None,
@@ -75,7 +76,7 @@ def test_a_thousand_tls_connections_are_all_answered(vm, proto, requests, stream
     ten streams at once), more than the table holds: every request succeeds, some
     connections waited for the table, and none was displaced (the stats line)."""
     table, slots = _table(vm)
-    assert table < 1000 <= slots + 1000, (table, slots)
+    assert table * vm.cpus < 1000 <= slots + 1000, (table, slots)
     opts = ["--h1"] if proto == "h1" else ["-m", str(streams)]
     got = _h2load(vm, "-c", "1000", "-n", str(1000 * requests), *opts)
     ok = got["succeeded"] == 1000 * requests and got["failed"] == got["errored"] == 0
@@ -97,6 +98,6 @@ def test_memory_stayed_bounded_under_the_bursts(vm):
     stop's stats line counts no displaced or killed connection."""
     from test_unikernel_hostile import _assert_bounded
     vm.stop()
-    stats = vm.stats()
-    _assert_bounded(stats, vm.log)
-    assert stats[-1]["displaced"] == 0 and stats[-1]["killed"] == 0, stats[-1]
+    _assert_bounded(vm.stats(), vm.log)
+    st = vm.totals()
+    assert st["displaced"] == 0 and st["killed"] == 0, st

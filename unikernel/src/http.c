@@ -64,7 +64,7 @@
 /* Input the waiting connections may hold in lwIP's heap, all together (see
  * MEM_SIZE in lwipopts.h): 1,024 ClientHellos of 1.5 KB. Each may hold a receive
  * window (16 KiB), and 1,024 of them would hold twice the heap; past this the
- * one that sends is reset. */
+ * one that has waited longest without a whole head (or ClientHello) is reset. */
 #define WAIT_INPUT_ALL (1536u * 1024)
 #define STATS_MS 1000            /* the stats line: at most this often, when something changed */
 #define POLL_INTERVAL 1          /* x 500 ms (lwIP's slow timer) */
@@ -125,6 +125,7 @@ struct hconn {
     uint64_t arrived;            /* ms: accepted by lwIP (a waiting connection's place in line) */
     uint64_t active;             /* ms: the last input, or the last of ours acknowledged */
     uint8_t waiting;             /* beyond the table: held, unread, until admitted */
+    uint8_t whole;               /* waiting: its input holds a whole head or ClientHello */
     void *h2_reserve;            /* TLS: an h2 connection's state, taken at admission */
     uint8_t on_tls;              /* accepted on the TLS port */
     struct tls *tls;             /* NULL: the plain port */
@@ -576,7 +577,7 @@ static int klass(const struct hconn *h)
  * that has heard nothing from it for STALE_MS: it may give way. A TLS handshake
  * we have answered never does (only its timeout ends it): a reset mid-handshake
  * would fail a client that is merely slow to compute its side. */
-static uint64_t idle_at;         /* ms: the loop last found no frame waiting (http_idle) */
+static uint64_t idle_at;         /* ms: every frame for this core had reached it (http_idle) */
 
 static int stale(const struct hconn *h, int k, uint64_t now)
 {
@@ -585,14 +586,15 @@ static int stale(const struct hconn *h, int k, uint64_t now)
     /* The silence must be the client's: STALE_MS after its last frame the loop
      * had drained every frame and found none of it. While the kernel itself is
      * behind (a burst of handshakes, a slow TCG guest), frames wait in the ring
-     * and nobody is stale. */
+     * and nobody is stale; on a core fed by core 0 (one queue pair) that includes
+     * core 0's backlog not yet handed on (net_caught_up_ns). */
     return (k == CLASS_HEAD || k == CLASS_IDLE) && now - h->active > STALE_MS &&
            idle_at > h->active + STALE_MS;
 }
 
 void http_idle(void)
 {
-    idle_at = now_ms();
+    idle_at = net_caught_up_ns() / 1000000u;
 }
 
 /* Its lwIP priority: lwIP aborts the lowest below the listeners' at a full PCB
@@ -668,7 +670,7 @@ static int ready(const struct hconn *h)
     if (!h->in)
         return 0;
     uint8_t rec[5];
-    if (h->tls && pbuf_copy_partial(h->in, rec, 5, 0) == 5 && rec[0] == 0x16)
+    if (h->on_tls && pbuf_copy_partial(h->in, rec, 5, 0) == 5 && rec[0] == 0x16)
         return h->in->tot_len >= 5u + ((uint32_t)rec[3] << 8 | rec[4]);
     return pbuf_memfind(h->in, "\r\n\r\n", 4, 0) != 0xffff ||
            pbuf_memfind(h->in, "\n\n", 2, 0) != 0xffff;
@@ -862,15 +864,31 @@ static err_t on_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err)
         h->in = p;
     }
     if (h->waiting) {
+        h->whole = (uint8_t)ready(h);
         uint32_t held = 0;
         for (uint32_t i = 0; i < nslots; i++)
             if (conns[i].used && conns[i].waiting && conns[i].in)
                 held += conns[i].in->tot_len;
-        if (held > WAIT_INPUT_ALL) {
+        while (held > WAIT_INPUT_ALL) {
+            /* The waiting connection that has held input longest without a whole head
+             * (or ClientHello) is reset: a flood's, not the hello of a client that came
+             * last and is still sending it. */
+            struct hconn *v = NULL;
+            for (uint32_t i = 0; i < nslots; i++) {
+                struct hconn *c = &conns[i];
+                if (c->used && c->waiting && c->in && !c->whole &&
+                    (!v || c->arrived < v->arrived))
+                    v = c;
+            }
+            if (!v)
+                v = h; /* every one whole (each about to be admitted): the one that sent */
             overflowed++;
-            return abort_conn(h);
+            held -= v->in->tot_len;
+            if (v == h)
+                return abort_conn(h);
+            abort_conn(v);
         }
-        if (ready(h))
+        if (h->whole)
             schedule_admissions();
         return ERR_OK;
     }
@@ -988,6 +1006,7 @@ static err_t on_accept(void *arg, struct tcp_pcb *pcb, err_t err)
     h->served = 0;
     h->refused = 0;
     h->waiting = 1; /* until enter() takes it */
+    h->whole = 0;
     waiting_conns++;
     open_conns++;
     accepted_conns++;
@@ -1136,11 +1155,14 @@ static void log_stats(void)
 {
     const struct stats_mem *pb = lwip_stats.memp[MEMP_PBUF], *sg = lwip_stats.memp[MEMP_TCP_SEG];
     const struct stats_mem *pc = lwip_stats.memp[MEMP_TCP_PCB];
+    char who[16] = ""; /* with more cores, whose counters these are: each has its own */
+    if (platform_cpus() > 1)
+        platform_snprintf(who, sizeof who, " cpu %u", platform_cpu());
     platform_printf("orisha: stats open %u waiting %u queued %lu waited_ms %lu syn_dropped %lu "
                     "overflowed %lu head_timeouts %lu "
                     "displaced %lu refused %lu killed %lu send_timeouts %lu "
                     "heap_used %lu heap_peak %lu heap_size %lu heap_failed %lu "
-                    "pbufs_peak %u pbufs %u segs_peak %u segs %u pcbs_peak %u pcbs %u\n",
+                    "pbufs_peak %u pbufs %u segs_peak %u segs %u pcbs_peak %u pcbs %u%s\n",
                     open_conns, waiting_conns, (unsigned long)queued, (unsigned long)waited_max,
                     (unsigned long)syn_dropped, (unsigned long)overflowed,
                     (unsigned long)head_timeouts,
@@ -1149,7 +1171,7 @@ static void log_stats(void)
                     (unsigned long)lwip_stats.mem.used,
                     (unsigned long)lwip_stats.mem.max, (unsigned long)lwip_stats.mem.avail,
                     (unsigned long)lwip_stats.mem.err, pb->max, pb->avail, sg->max, sg->avail,
-                    pc->max, pc->avail);
+                    pc->max, pc->avail, who);
     if (platform_cpus() > 1) /* each core logs its own line: its connections, its share */
         platform_printf("orisha: stats cpu %u connections %lu requests %lu drops %lu\n",
                         platform_cpu(), (unsigned long)accepted_conns,

@@ -59,7 +59,7 @@ struct frame_ring {
     uint32_t head __attribute__((aligned(64))); /* the producer writes it: frames put */
     uint32_t tail __attribute__((aligned(64))); /* the core writes it: frames taken */
     uint32_t sleeping __attribute__((aligned(64)));
-    uint64_t full;                              /* frames core 0 dropped: ring full */
+    uint64_t full;                              /* waits for room (rx_frame), ARP copies dropped */
     struct frame_slot slot[RING_SLOTS] __attribute__((aligned(64)));
 };
 /* Shared by the cores: the rings, how many cores frames go to (0: core 0 keeps all,
@@ -71,6 +71,9 @@ static struct {
     int ready;
     ip4_addr_t ip, mask, gw;
 } given PLATFORM_SHARED;
+/* One queue pair: when core 0's poll last left the device's receive queue empty (every
+ * frame for another core is in that core's ring by then). */
+static uint64_t drained_ns PLATFORM_SHARED;
 static int is_static; /* core 0: the address came from the command line */
 static uint64_t arp_copied;
 
@@ -223,18 +226,20 @@ static int frame_core(const uint8_t *f, size_t len, unsigned n)
     return (int)(h % n);
 }
 
-/* A copy of the frame into core `to`'s ring, and a wake if it sleeps. The producer:
- * core 0 (one queue pair), or with a pair per core whichever core received an ARP. */
-static void hand_on(unsigned to, const uint8_t *frame, size_t len)
+/* A copy of the frame into core `to`'s ring, and a wake if it sleeps; 0: the ring is
+ * full. The producer: core 0 (one queue pair), or with a pair per core whichever core
+ * received an ARP. */
+static int hand_on(unsigned to, const uint8_t *frame, size_t len)
 {
     struct frame_ring *r = rings[to];
+    if (len > SLOT_DATA)
+        return 1; /* no frame of this MTU is larger: dropped */
     while (__atomic_exchange_n(&r->put_lock, 1, __ATOMIC_ACQUIRE))
         cpu_relax();
     uint32_t head = r->head;
-    if (head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) >= RING_SLOTS || len > SLOT_DATA) {
-        r->full++; /* dropped: TCP retransmits */
+    if (head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) >= RING_SLOTS) {
         __atomic_store_n(&r->put_lock, 0, __ATOMIC_RELEASE);
-        return;
+        return 0;
     }
     struct frame_slot *s = &r->slot[head % RING_SLOTS];
     s->len = (uint32_t)len;
@@ -243,6 +248,7 @@ static void hand_on(unsigned to, const uint8_t *frame, size_t len)
     __atomic_store_n(&r->put_lock, 0, __ATOMIC_RELEASE);
     if (__atomic_exchange_n(&r->sleeping, 0, __ATOMIC_SEQ_CST))
         platform_wake(to);
+    return 1;
 }
 
 static void input(const uint8_t *frame, size_t len)
@@ -258,7 +264,13 @@ static void input(const uint8_t *frame, size_t len)
         pbuf_free(p);
 }
 
-static void rx_frame(const uint8_t *frame, size_t len, void *arg)
+/* A received frame into lwIP, or on to its core. 1: it stays in the device's queue
+ * (with one queue pair, its core's ring is full: the device and QEMU hold it and what
+ * comes after until that core catches up, where a drop would cost the client a
+ * retransmission timeout; an ARP copy to a full ring is dropped: ARP asks again). */
+static int held, was_held; /* this poll, the one before, stopped at a frame kept */
+
+static int rx_frame(const uint8_t *frame, size_t len, void *arg)
 {
     (void)arg;
     unsigned n = __atomic_load_n(&spread, __ATOMIC_ACQUIRE);
@@ -267,22 +279,28 @@ static void rx_frame(const uint8_t *frame, size_t len, void *arg)
         if (n > 1 && len >= 14 && frame[12] == 0x08 && frame[13] == 0x06) /* ARP */
             for (unsigned k = 0; k < n; k++)
                 if (k != me) {
-                    hand_on(k, frame, len);
+                    if (!hand_on(k, frame, len)) /* any core may copy an ARP to k */
+                        __atomic_fetch_add(&rings[k]->full, 1, __ATOMIC_RELAXED);
                     arp_copied++;
                 }
         input(frame, len);
-        return;
+        return 0;
     }
     if (n > 1) {
         int to = frame_core(frame, len, n);
         for (unsigned k = 1; to < 0 && k < n; k++)
-            hand_on(k, frame, len);
-        if (to > 0) {
-            hand_on((unsigned)to, frame, len);
-            return;
+            if (!hand_on(k, frame, len))
+                rings[k]->full++; /* an ARP copy dropped */
+        if (to > 0 && !hand_on((unsigned)to, frame, len)) {
+            if (!was_held)
+                rings[to]->full++; /* once a wait, not once a poll */
+            return held = 1;
         }
+        if (to > 0)
+            return 0;
     }
     input(frame, len);
+    return 0;
 }
 
 static err_t linkoutput(struct netif *n, struct pbuf *p)
@@ -422,13 +440,28 @@ int net_poll(void)
     int n;
     if (virtio_net_pairs() > 1) /* its own queue, and the ARP other cores copied it */
         n = virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET) + ring_poll(rings[me]);
-    else
-        n = me ? ring_poll(rings[me]) : virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET);
+    else if (me)
+        n = ring_poll(rings[me]);
+    else {
+        was_held = held;
+        held = 0;
+        if ((n = virtio_net_rx_poll(rx_frame, NULL, RX_BUDGET)) < RX_BUDGET && !held)
+            __atomic_store_n(&drained_ns, platform_now_ns(), __ATOMIC_RELEASE);
+    }
     sys_check_timeouts();
     virtio_net_flush();
     if (n)
         last_frame_ns = platform_now_ns();
     return n;
+}
+
+uint64_t net_caught_up_ns(void)
+{
+    uint64_t now = platform_now_ns();
+    if (virtio_net_pairs() > 1)
+        return now;
+    uint64_t d = __atomic_load_n(&drained_ns, __ATOMIC_ACQUIRE);
+    return d < now ? d : now;
 }
 
 int net_has_address(void)

@@ -6,6 +6,10 @@ void net_init(void);
 /* One pass: received frames into lwIP, lwIP's timers, queued frames out.
  * Returns the number of frames received (0: the caller may pause). */
 int net_poll(void);
+/* After a poll that found nothing for this core: when every frame received for it
+ * had reached it (ns), which is now unless core 0 feeds it from one queue pair and has
+ * a backlog not yet handed on (http.c: a client is silent only past that). */
+uint64_t net_caught_up_ns(void);
 /* DHCP has supplied an address (status_changed has logged it). */
 int net_has_address(void);
 /* One log line of frame and drop counts (this core's). */

@@ -295,7 +295,7 @@ void virtio_queue_kick(struct virtq *q)
         mw(q->dev, MMIO_QUEUE_NOTIFY, q->index);
 }
 
-int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len)
+int virtio_queue_peek(const struct virtq *q, uint32_t *id, uint32_t *len)
 {
     if (q->last_used == q->used->idx)
         return 0;
@@ -303,6 +303,13 @@ int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len)
     volatile struct virtq_used_elem *e = &q->used->ring[q->last_used & (q->size - 1)];
     *id = e->id;
     *len = e->len;
+    return 1;
+}
+
+int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len)
+{
+    if (!virtio_queue_peek(q, id, len))
+        return 0;
     q->last_used++;
     return 1;
 }

@@ -95,5 +95,7 @@ void virtio_queue_push(struct virtq *q, uint16_t id);
 void virtio_queue_kick(struct virtq *q);
 /* Pop one used element; returns 1 if one was available. */
 int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len);
+/* The same without taking it: the next pop returns it again. */
+int virtio_queue_peek(const struct virtq *q, uint32_t *id, uint32_t *len);
 
 #endif

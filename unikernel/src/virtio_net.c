@@ -259,10 +259,12 @@ int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget)
     struct pair *q = my_pair();
     int n = 0;
     uint32_t id, len;
-    while (n < budget && virtio_queue_pop(&q->rxq, &id, &len)) {
+    while (n < budget && virtio_queue_peek(&q->rxq, &id, &len)) {
         ASSERT(id < q->rxq.size);
-        if (len > hdr_len && len <= BUF_SIZE)
-            fn(q->rx_bufs + (size_t)id * BUF_SIZE + hdr_len, len - hdr_len, arg);
+        if (len > hdr_len && len <= BUF_SIZE &&
+            fn(q->rx_bufs + (size_t)id * BUF_SIZE + hdr_len, len - hdr_len, arg))
+            break; /* kept: the device holds the rest meanwhile (QEMU queues behind it) */
+        virtio_queue_pop(&q->rxq, &id, &len);
         rx_post(q, (uint16_t)id);
         q->stats.rx_frames++;
         n++;

@@ -18,9 +18,10 @@ const char *virtio_net_describe(void);
  * (core 0 receives everything; every core sends on the one TX queue). */
 unsigned virtio_net_pairs(void);
 
-typedef void (*virtio_net_rx_fn)(const uint8_t *frame, size_t len, void *arg);
-/* Deliver up to 'budget' received frames of this core's pair; returns how many were
- * delivered. Core 0 alone with one pair. */
+/* 0: the frame was taken; else it stays in the queue, first, for the next poll. */
+typedef int (*virtio_net_rx_fn)(const uint8_t *frame, size_t len, void *arg);
+/* Deliver up to 'budget' received frames of this core's pair, stopping at one fn keeps;
+ * returns how many were taken. Core 0 alone with one pair. */
 int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget);
 
 /* Get a TX frame buffer (VIRTIO_NET_MAX_FRAME bytes), NULL if the ring stays full;
