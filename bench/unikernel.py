@@ -1,6 +1,6 @@
 """The booted image against the epoll loop, in one run.
 
-    .venv/bin/python bench/unikernel.py [--rounds 3] [--seconds 5] [--no-tso]
+    .venv/bin/python bench/unikernel.py [--rounds 3] [--seconds 5] [--cpus 1] [--no-tso]
 
 1. QEMU user networking: `orisha boot` (hostfwd to 127.0.0.1) and `orisha
    serve --loop epoll --workers 1` on loopback, wrk -t1 -c10 on each in
@@ -8,7 +8,10 @@
 2. A tap device in a network namespace this script creates (10.77.0.0/24,
    dnsmasq answering the guest's DHCP), QEMU attached to it; the epoll server
    runs in the same namespace; wrk runs there too. Removed afterwards.
-Prints a Markdown table of medians and the unikernel/epoll ratios.
+Prints a Markdown table of medians and the unikernel/epoll ratios, with each
+server's CPU time per request (utime+stime of the server's process and every
+descendant, from /proc, over the timed run: for the image, QEMU's vCPU and I/O
+threads) and how busy wrk kept its core (its own CPU over the wall time).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,12 +39,42 @@ NS, TAP, HOST_IP = "orisha-bench", "otap0", "10.77.0.1"
 PATHS = {"1 KB css (gzip)": ("/css/site.css", "gzip"), "1.2 MB txt (identity)": ("/files/big.txt", "identity")}
 
 
-def wrk(url: str, enc: str, seconds: float, ns: bool) -> float:
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of pid and all its descendants, threads included."""
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # exited while listing
+                continue
+            stats[int(d)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, ticks
+    tree, ticks = {pid}, 0
+    for _ in range(8):  # depth: orisha boot -> qemu; ip netns exec execs in place
+        tree |= {p for p, (pp, _) in stats.items() if pp in tree}
+    ticks = sum(stats[p][1] for p in tree if p in stats)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, enc: str, seconds: float, ns: bool, server: int) -> dict:
     cmd = ["wrk", "-t1", "-c10", f"-d{seconds:g}s", "-H", f"Accept-Encoding: {enc}", url]
     if ns:
         cmd = ["ip", "netns", "exec", NS, *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    before, start = tree_cpu(server), time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    guard = threading.Timer(seconds + 60, p.kill)  # bounded even if wrk hangs
+    guard.start()
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)  # wrk's own CPU (ip netns exec execs it in place)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    guard.cancel()
+    wall = time.monotonic() - start
+    cpu = tree_cpu(server) - before
+    n = int(re.search(r"(\d+) requests in", out).group(1))
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "cpu_us": cpu / max(n, 1) * 1e6,
+            "wrk_busy": (usage.ru_utime + usage.ru_stime) / wall}
 
 
 def wait_http(host: str, port: int, ns: bool, timeout: float = 30) -> None:
@@ -62,6 +96,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="the image's vCPUs under user networking (orisha boot --cpus)")
     ap.add_argument("--no-tso", action="store_true",
                     help="the guest leaves TCP segments ungathered on the tap (orisha.tso=off)")
     args = ap.parse_args()
@@ -91,17 +127,19 @@ def main() -> None:
     try:
         # 1. user networking vs loopback
         up, ep = free_port(), free_port()
-        start([sys.executable, "-m", "orisha.cli", "boot", img, "--port", str(up)])
-        start([sys.executable, "-m", "orisha.cli", "serve", host_build, "--port", str(ep), "--workers", "1"])
+        uk = start([sys.executable, "-m", "orisha.cli", "boot", img, "--port", str(up),
+                    "--cpus", str(args.cpus)])
+        hosted = start([sys.executable, "-m", "orisha.cli", "serve", host_build, "--port", str(ep),
+                        "--workers", "1"])
         wait_http("127.0.0.1", up, False)
         wait_http("127.0.0.1", ep, False)
         for label, (path, enc) in PATHS.items():
             for rnd in range(args.rounds):
-                order = [("unikernel (user net)", up), ("epoll (loopback)", ep)]
-                for name, port in (order if rnd % 2 == 0 else order[::-1]):
-                    r = wrk(f"http://127.0.0.1:{port}{path}", enc, args.seconds, False)
+                order = [("unikernel (user net)", up, uk), ("epoll (loopback)", ep, hosted)]
+                for name, port, proc in (order if rnd % 2 == 0 else order[::-1]):
+                    r = wrk(f"http://127.0.0.1:{port}{path}", enc, args.seconds, False, proc.pid)
                     results.setdefault(f"user|{label}|{name}", []).append(r)
-                    print(f"user net  {label:22} {name:22} {r:>9,.0f} req/s", flush=True)
+                    show("user net", label, name, r)
         for p in procs:
             os.killpg(p.pid, signal.SIGTERM)
             p.wait(20)
@@ -121,7 +159,7 @@ def main() -> None:
         cmd = qemu_command(image, "127.0.0.1", 0, resolve_accel("auto"), guest_megabytes(image),
                            "orisha.tso=off" if args.no_tso else "")
         cmd[cmd.index("-netdev") + 1] = f"tap,id=n0,ifname={TAP},script=no,downscript=no"
-        vm = start(cmd, ns=True)
+        vm = uk = start(cmd, ns=True)
         guest = None
         end = time.monotonic() + 60
         while guest is None and time.monotonic() < end:
@@ -131,17 +169,18 @@ def main() -> None:
             if m and m.group(1) != "0.0.0.0":
                 guest = m.group(1)
         assert guest, "the guest reported no DHCP address"
-        start([sys.executable, "-m", "orisha.cli", "serve", host_build, "--host", HOST_IP, "--port", "8080",
-               "--workers", "1"], ns=True)
+        hosted = start([sys.executable, "-m", "orisha.cli", "serve", host_build, "--host", HOST_IP,
+                        "--port", "8080", "--workers", "1"], ns=True)
         wait_http(guest, 80, True)
         wait_http(HOST_IP, 8080, True)
         for label, (path, enc) in PATHS.items():
             for rnd in range(args.rounds):
-                order = [("unikernel (tap)", f"http://{guest}{path}"), ("epoll (netns)", f"http://{HOST_IP}:8080{path}")]
-                for name, url in (order if rnd % 2 == 0 else order[::-1]):
-                    r = wrk(url, enc, args.seconds, True)
+                order = [("unikernel (tap)", f"http://{guest}{path}", uk),
+                         ("epoll (netns)", f"http://{HOST_IP}:8080{path}", hosted)]
+                for name, url, proc in (order if rnd % 2 == 0 else order[::-1]):
+                    r = wrk(url, enc, args.seconds, True, proc.pid)
                     results.setdefault(f"tap|{label}|{name}", []).append(r)
-                    print(f"tap       {label:22} {name:22} {r:>9,.0f} req/s", flush=True)
+                    show("tap", label, name, r)
     finally:
         for p in procs:
             try:
@@ -151,15 +190,30 @@ def main() -> None:
                 os.killpg(p.pid, signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", NS], stderr=subprocess.DEVNULL)
         shutil.rmtree(tmp, ignore_errors=True)
-    lines = ["| network | document | server | req/s (median) | unikernel / epoll |", "|---|---|---|---|---|"]
+    lines = ["| network | document | server | req/s (median) | unikernel / epoll | server CPU µs/req "
+             "| unikernel / epoll CPU | wrk busy |", "|---|---|---|---|---|---|---|---|"]
+
+    def med(key: str, what: str) -> float:
+        return statistics.median(r[what] for r in results[key])
+
     for key in results:
         net, label, name = key.split("|")
-        med = statistics.median(results[key])
-        others = [statistics.median(v) for k, v in results.items()
-                  if k.startswith(f"{net}|{label}|") and k != key]
-        ratio = f"{med / others[0]:.3f}×" if name.startswith("unikernel") and others else ""
-        lines.append(f"| {net} | {label} | {name} | {med:,.0f} | {ratio} |")
+        rps, cpu = med(key, "rps"), med(key, "cpu_us")
+        other = next((k for k in results if k.startswith(f"{net}|{label}|") and k != key), None)
+        ratio = f"{rps / med(other, 'rps'):.3f}×" if name.startswith("unikernel") and other else ""
+        cratio = f"{cpu / med(other, 'cpu_us'):.2f}×" if name.startswith("unikernel") and other else ""
+        lines.append(f"| {net} | {label} | {name} | {rps:,.0f} | {ratio} | {cpu:,.1f} | {cratio} "
+                     f"| {med(key, 'wrk_busy'):.2f} |")
     print("\n" + "\n".join(lines))
+    print(f"\nThe image: --cpus {args.cpus} (user networking), 1 vCPU on the tap; the epoll "
+          "server: one worker. Server CPU: utime+stime of the server's process tree over the "
+          "run (QEMU's every thread for the image). wrk busy: wrk's CPU over the wall time "
+          "(1.00: its core saturated).")
+
+
+def show(net: str, label: str, name: str, r: dict) -> None:
+    print(f"{net:9} {label:22} {name:22} {r['rps']:>9,.0f} req/s {r['cpu_us']:>8,.1f} µs/req "
+          f"wrk busy {r['wrk_busy']:.2f}", flush=True)
 
 
 if __name__ == "__main__":
