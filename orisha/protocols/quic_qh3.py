@@ -59,16 +59,21 @@ class ServerConnection(QuicConnection):
         core = self._core
         if self.held and self._handshake_complete and core is not None \
                 and core.state == "connected":
-            got = self._poll(self._now)
-            if got:
-                if self.early is None:
-                    self.early = got
-                else:
-                    self.early.extend(got)
+            self.built(self._now)
             if self.held:
                 self.deferred += 1
                 return
         super()._drain_core()
+
+    def built(self, now: float) -> None:
+        """Every datagram the core will build now, kept for the next ``datagrams_to_send``
+        (the core counts them in flight from here)."""
+        got = self._poll(now)
+        if got:
+            if self.early is None:
+                self.early = got
+            else:
+                self.early.extend(got)
 
     def handle_timer(self, now: float) -> None:
         self._now = now
