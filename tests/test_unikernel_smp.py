@@ -101,13 +101,52 @@ def test_two_cores_come_online_and_the_second_waits_without_spinning(image, acce
         assert set(before) == {"CPU 0", "CPU 1"}, before
         time.sleep(2)
         after, wall = _vcpu_seconds(qemu), time.monotonic() - t0
-        # Core 0 busy-polls (a whole host core when it gets one); core 1 halts between its
-        # LAPIC timer's wake-ups (every 100 ms): a core that spun would use ~all of `wall`.
+        # Core 1 halts between its LAPIC timer's wake-ups (lwIP's next timer, at most
+        # 10 ms): a core that spun would use ~all of `wall` (core 0: the test below).
         idle = after["CPU 1"] - before["CPU 1"]
         assert idle < 0.2 * wall, (idle, wall, after)
         assert Conn(vm.port).request("/css/site.css").status == 200
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
+
+
+def _napped_ms(log: list[str]) -> dict[int, int]:
+    """Each core's time in HLT, from its last net line (``... napped_ms N``): core 0's
+    reads ``orisha: net rx`` (one queue pair) or ``orisha: net cpu 0 queue 0``."""
+    napped = {}
+    for line in log:
+        m = re.search(r"orisha: net (?:cpu (\d+) )?.*napped_ms (\d+)", line)
+        if m:
+            napped[int(m.group(1) or 0)] = int(m.group(2))
+    return napped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accel", _accels())
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_an_idle_image_naps_instead_of_spinning(image, accel, cpus):
+    """Core 0 polls the device for every core; once nothing has come for a while it
+    naps in HLT instead of spinning (net.c net_wait). Over 2 s of quiet its vCPU
+    thread uses under a fifth of them (a spinning one uses all the host gives it, a
+    whole core on a quiet host), the stop's net line counts more than half of them
+    napped (a spinning core 0 naps never: 0), and a request after the quiet is
+    answered."""
+    vm = Booted(image, ["--cpus", str(cpus), "--accel", accel])
+    try:
+        assert f"{cpus} core" in _serving(vm), vm.log
+        assert Conn(vm.port).request("/").status == 200
+        qemu = _qemu_pid(vm)
+        before, t0 = _vcpu_seconds(qemu), time.monotonic()
+        time.sleep(2)  # the quiet measured
+        after, wall = _vcpu_seconds(qemu), time.monotonic() - t0
+        busy = after["CPU 0"] - before["CPU 0"]
+        assert busy < 0.2 * wall, (busy, wall, after)
+        assert Conn(vm.port).request("/css/site.css").status == 200
+    finally:
+        assert vm.stop() == 0, "\n".join(vm.log)
+    napped = _napped_ms(vm.log)
+    assert set(napped) == set(range(cpus)), vm.log
+    assert napped[0] > 1000 * wall / 2, (napped, wall)
 
 
 @pytest.mark.slow

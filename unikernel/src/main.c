@@ -37,7 +37,7 @@ static void step(void)
     if (!net_poll()) {
         http_idle();
         if (!tls_prepare())
-            net_wait(IDLE_US); /* core 0: spins, unless it has a queue pair of its own */
+            net_wait(IDLE_US); /* core 0: polls on briefly after a frame, then naps */
     }
     platform_wallclock_poll();
 }

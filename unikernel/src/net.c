@@ -432,7 +432,16 @@ static int ring_poll(struct frame_ring *r)
 
 #define MQ_SPIN_NS 50000ull
 #define MQ_NAP_US 200
+#define NAP_MAX_US 2000
 static uint64_t last_frame_ns; /* this core's last received frame (net_wait) */
+static uint64_t napped_ns;     /* this core's time in HLT (net_wait; its net line's napped_ms) */
+
+static void nap(uint32_t us)
+{
+    uint64_t t0 = platform_now_ns();
+    platform_idle(us);
+    napped_ns += platform_now_ns() - t0;
+}
 
 int net_poll(void)
 {
@@ -515,8 +524,30 @@ void net_wait(uint32_t us)
 {
     virtio_net_flush(); /* nothing sent since the last poll waits out the nap (TSO) */
     struct frame_ring *r = rings[platform_cpu()];
-    if (!r) { /* core 0 with one queue pair: it polls the device for every core */
-        cpu_relax();
+    if (!r) {
+        /* Core 0 with one queue pair: it polls the device for every core, and nothing
+         * but a poll notices a frame (no device interrupts here). It polls on for
+         * MQ_SPIN_NS after the last frame, and while it holds a frame for a core whose
+         * ring is full; then naps in HLT (or until lwIP's next timer), an eighth of
+         * the quiet so far, from MQ_NAP_US up to NAP_MAX_US (the most a frame after a
+         * long quiet waits; KVM halt-polls a vCPU's HLT for up to 200 µs, so naps
+         * that short would spin in the host instead). A vCPU that spins while the
+         * site is idle takes a host core for good, from QEMU's I/O thread, the
+         * clients and every other process (until 2026-12-06 it spun: a whole host
+         * core for an idle image). */
+        uint32_t next = sys_timeouts_sleeptime(); /* ms to lwIP's next timer */
+        if (held || platform_now_ns() - last_frame_ns < MQ_SPIN_NS || !next) {
+            cpu_relax();
+            return;
+        }
+        uint64_t quiet_us = (platform_now_ns() - last_frame_ns) / 1000;
+        uint32_t nap_us = quiet_us / 8 > NAP_MAX_US ? NAP_MAX_US
+                          : quiet_us / 8 < MQ_NAP_US ? MQ_NAP_US : (uint32_t)(quiet_us / 8);
+        if (us > nap_us)
+            us = nap_us;
+        if (next * 1000ull < us)
+            us = next * 1000;
+        nap(us);
         return;
     }
     /* A pair per core: frames arrive on this core's own queue, which nothing but a poll
@@ -536,7 +567,7 @@ void net_wait(uint32_t us)
         us = next * 1000;
     __atomic_store_n(&r->sleeping, 1, __ATOMIC_SEQ_CST);
     if (us && r->tail == __atomic_load_n(&r->head, __ATOMIC_SEQ_CST))
-        platform_idle(us); /* a frame put meanwhile has sent the wake: returns at once */
+        nap(us); /* a frame put meanwhile has sent the wake: returns at once */
     __atomic_store_n(&r->sleeping, 0, __ATOMIC_RELAXED);
 }
 
@@ -546,24 +577,27 @@ void net_log_stats(void)
     unsigned me = platform_cpu();
     if (virtio_net_pairs() > 1) {
         platform_printf("orisha: net cpu %u queue %u rx %lu tx %lu tx_ring_full %lu arp_copied %lu "
-                        "ring_full %lu rx_dropped %lu tx_dropped %lu tso_frames %lu tso_segments %lu\n",
+                        "ring_full %lu rx_dropped %lu tx_dropped %lu tso_frames %lu tso_segments %lu "
+                        "napped_ms %lu\n",
                         me, me, (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
                         (unsigned long)st->tx_full, (unsigned long)arp_copied,
                         (unsigned long)rings[me]->full, (unsigned long)rx_dropped,
                         (unsigned long)tx_dropped, (unsigned long)st->tso_frames,
-                        (unsigned long)st->tso_segments);
+                        (unsigned long)st->tso_segments, (unsigned long)(napped_ns / 1000000u));
         return;
     }
     if (me) {
-        platform_printf("orisha: net cpu %u rx %lu ring_full %lu rx_dropped %lu tx_dropped %lu\n",
+        platform_printf("orisha: net cpu %u rx %lu ring_full %lu rx_dropped %lu tx_dropped %lu "
+                        "napped_ms %lu\n",
                         me, (unsigned long)rings[me]->tail, (unsigned long)rings[me]->full,
-                        (unsigned long)rx_dropped, (unsigned long)tx_dropped);
+                        (unsigned long)rx_dropped, (unsigned long)tx_dropped,
+                        (unsigned long)(napped_ns / 1000000u));
         return;
     }
     platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu tx_dropped %lu "
-                    "tso_frames %lu tso_segments %lu\n",
+                    "tso_frames %lu tso_segments %lu napped_ms %lu\n",
                     (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
                     (unsigned long)st->tx_full, (unsigned long)rx_dropped,
                     (unsigned long)tx_dropped, (unsigned long)st->tso_frames,
-                    (unsigned long)st->tso_segments);
+                    (unsigned long)st->tso_segments, (unsigned long)(napped_ns / 1000000u));
 }

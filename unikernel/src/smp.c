@@ -219,8 +219,10 @@ void platform_smp_prepare(void)
 
 unsigned platform_start_cpus(void (*entry)(unsigned cpu))
 {
-    if (asked == 1)
+    if (asked == 1) {
+        calibrate_timer(); /* core 0 naps in HLT on its timer too (net_wait) */
         return online;
+    }
     if (platform_boot_info_within(AP_BASE, AP_BASE + 4096))
         PANIC("the PVH start info lies in the AP trampoline's page %#x", AP_BASE);
     size_t len = (size_t)(platform_ap_trampoline_end - platform_ap_trampoline);
