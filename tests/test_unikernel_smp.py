@@ -80,6 +80,16 @@ def _qemu_pid(vm: Booted) -> int:
     return int(out[0])
 
 
+def _quiet(vm: Booted) -> tuple[dict[str, float], float]:
+    """Each vCPU thread's CPU seconds over 2 s in which nothing is sent to the guest, and
+    the wall seconds they took."""
+    qemu = _qemu_pid(vm)
+    before, t0 = _vcpu_seconds(qemu), time.monotonic()
+    time.sleep(2)  # the quiet measured
+    after, wall = _vcpu_seconds(qemu), time.monotonic() - t0
+    return {cpu: after[cpu] - before[cpu] for cpu in after}, wall
+
+
 def _accels():
     return [pytest.param("kvm", marks=pytest.mark.skipif(not kvm_usable(), reason="no /dev/kvm")),
             "tcg"]
@@ -96,15 +106,11 @@ def test_two_cores_come_online_and_the_second_waits_without_spinning(image, acce
         r = c.request("/")
         assert r.status == 200 and r.body == open(os.path.join(DEMO, "index.html"), "rb").read()
         c.close()
-        qemu = _qemu_pid(vm)
-        before, t0 = _vcpu_seconds(qemu), time.monotonic()
-        assert set(before) == {"CPU 0", "CPU 1"}, before
-        time.sleep(2)
-        after, wall = _vcpu_seconds(qemu), time.monotonic() - t0
+        busy, wall = _quiet(vm)
+        assert set(busy) == {"CPU 0", "CPU 1"}, busy
         # Core 1 halts between its LAPIC timer's wake-ups (lwIP's next timer, at most
         # 10 ms): a core that spun would use ~all of `wall` (core 0: the test below).
-        idle = after["CPU 1"] - before["CPU 1"]
-        assert idle < 0.2 * wall, (idle, wall, after)
+        assert busy["CPU 1"] < 0.2 * wall, (busy, wall)
         assert Conn(vm.port).request("/css/site.css").status == 200
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
@@ -135,12 +141,8 @@ def test_an_idle_image_naps_instead_of_spinning(image, accel, cpus):
     try:
         assert f"{cpus} core" in _serving(vm), vm.log
         assert Conn(vm.port).request("/").status == 200
-        qemu = _qemu_pid(vm)
-        before, t0 = _vcpu_seconds(qemu), time.monotonic()
-        time.sleep(2)  # the quiet measured
-        after, wall = _vcpu_seconds(qemu), time.monotonic() - t0
-        busy = after["CPU 0"] - before["CPU 0"]
-        assert busy < 0.2 * wall, (busy, wall, after)
+        busy, wall = _quiet(vm)
+        assert busy["CPU 0"] < 0.2 * wall, (busy, wall)
         assert Conn(vm.port).request("/css/site.css").status == 200
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
