@@ -10,6 +10,7 @@ No timing thresholds: only generous waits.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -182,20 +183,63 @@ def finish(s: Server, build: str) -> str:
             os.kill(pid, signal.SIGKILL)
 
 
+class HeldDownload(SlowDownload):
+    """A slow download that stops reading after its first bytes until ``.go`` is set: its
+    generation stays draining for as long as the test needs, however slow the machine."""
+
+    def __init__(self, port: int, **kw) -> None:
+        self.go = threading.Event()
+        super().__init__(port, **kw)
+
+    def _fill(self) -> None:
+        super()._fill()
+        self.go.wait(300)
+
+
+def holder(port: int, d: SlowDownload) -> int | None:
+    """The pid of the worker holding the server's end of ``d``'s connection."""
+    peer = d.sock.getsockname()[1]
+    out = subprocess.run(["ss", "-tnpH", "state", "established",
+                          f"( sport = :{port} and dport = :{peer} )"],
+                         capture_output=True, text=True).stdout
+    m = re.search(r"pid=(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def metric(admin: int, name: str) -> int:
+    text = get(admin, METRICS_PATH)[1].decode()
+    return int(re.search(rf"^orisha_{name} (\d+)$", text, re.M).group(1))
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_reload_storm_while_generations_drain(own_build, loop):
     out, new = own_build
-    s = Server(out, "--loop", loop, "--workers", "2", *SLOW_LIMITS)
-    downloads = []
+    admin = free_port()
+    # Held downloads take nothing for as long as the test's waits: the send timeout is above them.
+    s = Server(out, "--loop", loop, "--workers", "2", "--admin-port", str(admin),
+               "--send-timeout", "600", *SLOW_LIMITS)
+    downloads: list[SlowDownload] = []
     try:
-        # MAX_DRAINING generations, each holding one slow download, then a storm.
-        for _ in range(MAX_DRAINING):
-            d = SlowDownload(s.port, copies=10)  # ~10 s: past the storm
+        # MAX_DRAINING generations, each holding a download, then a storm. A retired
+        # generation accepts until its worker's next tick (~1 s, longer on a loaded host),
+        # and SIGHUPs that reach the supervisor while it reloads count as one: so each
+        # reload is awaited (the admin port's counter), and a download that a retired
+        # generation took is kept (it is checked too) and another one started.
+        before: set[int] = set()  # the workers of every generation before the current one
+
+        def held_by_the_current_generation() -> bool:
+            d = HeldDownload(s.port, copies=10)  # 12 MB: more than socket buffers hold
             downloads.append(d)
-            assert d.started.wait(30)
+            assert d.started.wait(60)
+            return holder(s.port, d) not in before
+
+        for k in range(MAX_DRAINING):
+            assert wait_for(held_by_the_current_generation, 120, 0.2)
+            before |= set(children(s.proc.pid))
             s.proc.send_signal(signal.SIGHUP)
-            time.sleep(1.5)  # the retired workers notice on their ~1 s tick and stop accepting
+            assert wait_for(lambda: metric(admin, "reloads_total") == k + 1, 120)
             assert s.proc.poll() is None
+        assert metric(admin, "draining_generations") == MAX_DRAINING
         os.rename(out, out + ".old")  # the new content, swapped in whole
         os.rename(new, out)
         for k in range(40):
@@ -203,12 +247,19 @@ def test_reload_storm_while_generations_drain(own_build, loop):
             if k == 20:
                 downloads.append(SlowDownload(s.port))
             time.sleep(0.005)
+        assert metric(admin, "reloads_total") == MAX_DRAINING  # every generation still holds one
+        for d in downloads:
+            if isinstance(d, HeldDownload):
+                d.go.set()
         # The last reload wins, once a draining generation has finished.
         assert wait_for(lambda: planets(s.port) == b'["after the storm"]\n', 240)
         assert s.proc.poll() is None
         for d in downloads:
             d.check()
     finally:
+        for d in downloads:
+            if isinstance(d, HeldDownload):
+                d.go.set()
         err = finish(s, os.path.dirname(out))
     assert "reload deferred" in err, err
 

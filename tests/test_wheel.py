@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 import tomllib
 import zipfile
 
@@ -359,7 +358,7 @@ def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path)
 
 
 def test_installed_wheel_builds_the_container_and_docker_builds_out(installed, tmp_path):
-    from container_target import docker, ensure_docker
+    from container_target import docker, ensure_docker, wait_answering
     ensure_docker()
     exe = os.path.join(installed, "orisha")
     out = str(tmp_path / "out")
@@ -373,16 +372,10 @@ def test_installed_wheel_builds_the_container_and_docker_builds_out(installed, t
     try:
         container = docker("run", "-d", "-p", "127.0.0.1::8080", tag).stdout.strip()
         port = int(docker("port", container, "8080/tcp").stdout.splitlines()[0].rsplit(":", 1)[1])
-        tries = 150
-        for i in range(tries):  # bounded: the executable unpacks into /tmp before it listens
-            try:
-                r = Conn(port, timeout=5).request("/")
-                break
-            except OSError:  # refused, or docker-proxy's accept then close (Closed)
-                if i == tries - 1:
-                    raise
-                time.sleep(0.1)
-        assert r.status == 200
+        # The executable unpacks into /tmp before it listens (docker-proxy accepts and closes
+        # meanwhile): wait for its first answer, or its exit.
+        wait_answering(container, port)
+        assert Conn(port, timeout=60).request("/").status == 200
     finally:
         if container:
             docker("rm", "-f", container, check=False)
