@@ -114,7 +114,10 @@ class Server:
         """A Server for a process started elsewhere (e.g. under prlimit)."""
         return cls("", proc=proc)
 
-    def stop(self, sig=signal.SIGTERM, timeout: float = 20) -> int:
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
+        """Stop it; its exit status. The server's own bound is --grace (8 s by default)
+        and 2 s more before it kills a worker; ``timeout`` adds a loaded host's slack
+        (a pure-Python server's exit took over 20 s beside two busy loops)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:

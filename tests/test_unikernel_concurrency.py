@@ -68,7 +68,7 @@ def _table(vm: Vm) -> tuple[int, int]:
     raise AssertionError("no table in the serving line:\n" + "".join(vm.log))
 
 
-def _h2load(vm: Vm, *args: str) -> dict[str, int]:
+def _h2load(vm: Vm, *args: str) -> dict:
     r = subprocess.run(["h2load", *args, f"https://127.0.0.1:{vm.port}/css/site.css"],
                        capture_output=True, text=True, timeout=RUN_TIMEOUT)
     m = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
@@ -78,6 +78,9 @@ def _h2load(vm: Vm, *args: str) -> dict[str, int]:
     keys = ("total", "started", "done", "succeeded", "failed", "errored", "timeout")
     got = dict(zip(keys, map(int, m.groups())))
     got["5xx"] = int(codes.group(4))
+    if got["errored"]:  # h2load names no reason: what the host's sockets looked like after it
+        got["host"] = subprocess.run(["ss", "-s"], capture_output=True, text=True).stdout \
+            + r.stderr[-500:]
     return got
 
 

@@ -112,6 +112,9 @@ def test_two_cores_come_online_and_the_second_waits_without_spinning(image, acce
         # 10 ms): a core that spun would use ~all of `wall` (core 0: the test below).
         assert busy["CPU 1"] < 0.2 * wall, (busy, wall)
         assert Conn(vm.port).request("/css/site.css").status == 200
+        for _ in range(5):
+            time.sleep(0.02)  # a quiet of 20 ms: past the polling, core 0 naps again
+            assert Conn(vm.port).request("/").status == 200
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
 
@@ -132,11 +135,14 @@ def _napped_ms(log: list[str]) -> dict[int, int]:
 @pytest.mark.parametrize("cpus", [1, 2])
 def test_an_idle_image_naps_instead_of_spinning(image, accel, cpus):
     """Core 0 polls the device for every core; once nothing has come for a while it
-    naps in HLT instead of spinning (net.c net_wait). Over 2 s of quiet its vCPU
+    naps in HLT instead of spinning (net.c net_wait), and the device's interrupt ends
+    the nap (microvm's virtio-mmio line, routed to core 0). Over 2 s of quiet its vCPU
     thread uses under a fifth of them (a spinning one uses all the host gives it, a
     whole core on a quiet host), the stop's net line counts more than half of them
     napped (a spinning core 0 naps never: 0), and a request after the quiet is
-    answered."""
+    answered, and so are requests spaced past core 0's 1 ms of polling after a frame:
+    their frames arrive in naps, and the net line counts the device's interrupts
+    (``irqs``; 0 where only a timer ends a nap)."""
     vm = Booted(image, ["--cpus", str(cpus), "--accel", accel])
     try:
         assert f"{cpus} core" in _serving(vm), vm.log
@@ -144,11 +150,17 @@ def test_an_idle_image_naps_instead_of_spinning(image, accel, cpus):
         busy, wall = _quiet(vm)
         assert busy["CPU 0"] < 0.2 * wall, (busy, wall)
         assert Conn(vm.port).request("/css/site.css").status == 200
+        for _ in range(5):
+            time.sleep(0.02)  # a quiet of 20 ms: past the polling, core 0 naps again
+            assert Conn(vm.port).request("/").status == 200
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
     napped = _napped_ms(vm.log)
     assert set(napped) == set(range(cpus)), vm.log
     assert napped[0] > 1000 * wall / 2, (napped, wall)
+    irqs = [int(m.group(1)) for line in vm.log
+            for m in [re.search(r"orisha: net rx .* irqs (\d+)", line)] if m]
+    assert irqs and irqs[-1] > 0, vm.log
 
 
 @pytest.mark.slow

@@ -99,7 +99,9 @@ def _tap(multi_queue: bool):
             subprocess.run(["ip", *cmd], check=True, capture_output=True, timeout=10)
         yield name, f"{net}.1", f"{net}.2/24"
     finally:
-        subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10)
+        # The kernel's unregister waits for every reference to the device to go (the
+        # exited QEMU's queues, released after RCU grace periods): seconds on a loaded host.
+        subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=120)
 
 
 @pytest.fixture

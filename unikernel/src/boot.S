@@ -246,6 +246,16 @@ platform_wake_interrupt:
     popq %rax
     iretq
 
+/* A device's interrupt (DEVICE_VECTOR, core 0 only): a wake that is counted. */
+    .globl platform_device_interrupt
+platform_device_interrupt:
+    pushq %rax
+    incq platform_device_irqs(%rip)
+    movq platform_lapic_eoi(%rip), %rax
+    movl $0, (%rax)
+    popq %rax
+    iretq
+
 /* The LAPIC's spurious vector: no EOI (SDM Vol. 3 §11.9). */
 platform_spurious_interrupt:
     iretq

@@ -10,6 +10,7 @@
  * LAPIC's spurious one. (Ring 3 reaches the idle wait through a HLT's #GP, not INT n
  * or SYSCALL, which this host's PVM does not take into guest ring 0: boot.S.) */
 #define WAKE_VECTOR 0x40
+#define DEVICE_VECTOR 0x41 /* a device's interrupt (platform_irq_to_core0): a wake, counted */
 #define SPURIOUS_VECTOR 0xff
 
 #ifndef __ASSEMBLER__

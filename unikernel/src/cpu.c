@@ -72,7 +72,8 @@ struct platform_cpu_tables {
 
 extern uint64_t platform_gdt[];
 extern const uint64_t platform_trap_stubs[32];
-extern const uint8_t platform_wake_interrupt[], platform_spurious_interrupt[];
+extern const uint8_t platform_wake_interrupt[], platform_spurious_interrupt[],
+    platform_device_interrupt[];
 void platform_enter_user(void (*fn)(void)) __attribute__((noreturn));
 void platform_trap(struct trap_frame *f) __attribute__((noreturn));
 
@@ -120,6 +121,7 @@ void platform_cpu_init(void)
         set_gate(i, platform_trap_stubs[i], 0x8e);
     set_gate(WAKE_VECTOR, (uint64_t)(uintptr_t)platform_wake_interrupt, 0x8e);
     set_gate(SPURIOUS_VECTOR, (uint64_t)(uintptr_t)platform_spurious_interrupt, 0x8e);
+    set_gate(DEVICE_VECTOR, (uint64_t)(uintptr_t)platform_device_interrupt, 0x8e);
     uint64_t apic = rdmsr(MSR_APIC_BASE);
     /* Reset leaves the xAPIC on in MMIO mode; ring 3 reaches it through the uncached,
      * user-accessible 4th GiB of boot.S's map (x2APIC would need ring-0 MSRs). */

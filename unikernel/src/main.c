@@ -25,7 +25,8 @@
 #define CONSOLE_POLL_MS 50   /* a console read is a VM exit: 20 a second cost nothing */
 #define STATS_MS 10000       /* orisha.verbose: net counters this often */
 #define DHCP_WARN_MS 5000
-#define IDLE_US 10000        /* an idle core sleeps at most this long (wake IPIs end it) */
+#define IDLE_US 50000        /* an idle core sleeps at most this long (wake IPIs and core 0's
+                              * device interrupt end it; lwIP's timers are kept): the console's pace */
 
 enum command { NONE, STOP, EXIT };
 

@@ -527,19 +527,30 @@ void net_wait(uint32_t us)
     virtio_net_flush(); /* nothing sent since the last poll waits out the nap (TSO) */
     struct frame_ring *r = rings[platform_cpu()];
     if (!r) {
-        /* Core 0 with one queue pair: it polls the device for every core, and nothing
-         * but a poll notices a frame (no device interrupts here). It polls on for
-         * SPIN_NS after the last frame, and while it holds a frame for a core whose
-         * ring is full; then naps in HLT (or until lwIP's next timer), an eighth of
-         * the quiet so far, from MQ_NAP_US up to NAP_MAX_US (the most a frame after a
-         * long quiet waits; KVM halt-polls a vCPU's HLT for up to 200 µs, so naps
-         * that short would spin in the host instead). A vCPU that spins while the
-         * site is idle takes a host core for good, from QEMU's I/O thread, the
-         * clients and every other process (until 2026-12-06 it spun: a whole host
-         * core for an idle image). */
+        /* Core 0 with one queue pair: it polls the device for every core. It polls on
+         * for SPIN_NS after the last frame, and while it holds a frame for a core whose
+         * ring is full; then naps in HLT until the device's interrupt (microvm, whose
+         * command line names its GSI: virtio_net_rx_arm), lwIP's next timer or the
+         * caller's bound. A device without an interrupt here is noticed by a poll
+         * only: then the naps are an eighth of the quiet so far, from MQ_NAP_US up to
+         * NAP_MAX_US (the most a frame after a long quiet waits; KVM halt-polls a
+         * vCPU's HLT for up to 200 µs, so naps that short would spin in the host
+         * instead). A vCPU that spins while the site is idle takes a host core for
+         * good, from QEMU's I/O thread, the clients and every other process (until
+         * 2026-12-06 it spun: a whole host core for an idle image). */
         uint32_t next = sys_timeouts_sleeptime(); /* ms to lwIP's next timer */
         if (held || platform_now_ns() - last_frame_ns < SPIN_NS || !next) {
             cpu_relax();
+            return;
+        }
+        int armed = virtio_net_rx_arm();
+        if (armed >= 0) { /* the device's interrupt ends the nap: as long as the caller's */
+            if (armed) {
+                if (next * 1000ull < us)
+                    us = next * 1000;
+                nap(us);
+                virtio_net_rx_disarm();
+            }
             return;
         }
         uint64_t quiet_us = (platform_now_ns() - last_frame_ns) / 1000;
@@ -553,9 +564,10 @@ void net_wait(uint32_t us)
         return;
     }
     /* A pair per core: frames arrive on this core's own queue, which nothing but a poll
-     * notices (no device interrupts here). Polling on for MQ_SPIN_NS after the last
-     * frame, then naps of MQ_NAP_US: on a host with as many cores as vCPUs, vCPUs that
-     * spin take the CPU QEMU's I/O thread and the client need (bench/unikernel_cores.py). */
+     * notices (the device's one interrupt is not per queue). Polling on for MQ_SPIN_NS
+     * after the last frame, then naps of MQ_NAP_US: on a host with as many cores as
+     * vCPUs, vCPUs that spin take the CPU QEMU's I/O thread and the client need
+     * (bench/unikernel_cores.py). */
     if (virtio_net_pairs() > 1) {
         if (platform_now_ns() - last_frame_ns < MQ_SPIN_NS) {
             cpu_relax();
@@ -597,9 +609,10 @@ void net_log_stats(void)
         return;
     }
     platform_printf("orisha: net rx %lu tx %lu tx_ring_full %lu rx_dropped %lu tx_dropped %lu "
-                    "tso_frames %lu tso_segments %lu napped_ms %lu\n",
+                    "tso_frames %lu tso_segments %lu napped_ms %lu irqs %lu\n",
                     (unsigned long)st->rx_frames, (unsigned long)st->tx_frames,
                     (unsigned long)st->tx_full, (unsigned long)rx_dropped,
                     (unsigned long)tx_dropped, (unsigned long)st->tso_frames,
-                    (unsigned long)st->tso_segments, (unsigned long)(napped_ns / 1000000u));
+                    (unsigned long)st->tso_segments, (unsigned long)(napped_ns / 1000000u),
+                    (unsigned long)platform_irqs());
 }

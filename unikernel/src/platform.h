@@ -70,6 +70,12 @@ unsigned platform_cpu(void);
 int platform_is_shared(const void *p, size_t len);
 void platform_idle(uint32_t us);
 void platform_wake(unsigned cpu);
+/* A device's interrupt (its I/O APIC input `gsi`) routed to core 0 as a wake: it ends
+ * core 0's platform_idle. Edge triggered: the driver lowers the line (acknowledges the
+ * device) before it checks for work and waits. 0 if no I/O APIC has that input. */
+int platform_irq_to_core0(uint32_t gsi);
+/* How many such interrupts core 0 has taken. */
+uint64_t platform_irqs(void);
 
 /* Clocks (clock.c). */
 uint64_t platform_now_ns(void);        /* monotonic since boot */

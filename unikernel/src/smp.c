@@ -270,6 +270,47 @@ void platform_idle(uint32_t us)
     __asm__ volatile("hlt" : : : "memory"); /* #GP in ring 3: boot.S gp_or_idle waits */
 }
 
+/* The I/O APICs at their standard addresses (no ACPI on microvm to say otherwise):
+ * the first's inputs are GSIs 0..23, microvm's second one's (ioapic2) 24..47. */
+#define IOAPIC_BASE 0xfec00000u
+#define IOAPIC_SECOND (IOAPIC_BASE + 0x10000u)
+#define IOAPIC_INPUTS 24u
+#define IOAPIC_VERSION 0x01
+#define IOAPIC_REDIRECT 0x10 /* entry n: 0x10 + 2n (low: vector, mode, mask), + 1 (high) */
+
+static uint32_t ioapic_read(uintptr_t base, uint32_t reg)
+{
+    mmio_write32(base, reg);
+    return mmio_read32(base + 0x10);
+}
+
+static void ioapic_write(uintptr_t base, uint32_t reg, uint32_t v)
+{
+    mmio_write32(base, reg);
+    mmio_write32(base + 0x10, v);
+}
+
+int platform_irq_to_core0(uint32_t gsi)
+{
+    uintptr_t base = gsi < IOAPIC_INPUTS ? IOAPIC_BASE : IOAPIC_SECOND;
+    uint32_t input = gsi % IOAPIC_INPUTS;
+    uint32_t version = ioapic_read(base, IOAPIC_VERSION);
+    if (version == 0xffffffffu || ((version >> 16) & 0xff) < input) /* none, or too few inputs */
+        return 0;
+    /* Fixed delivery, physical destination (APIC ID 0: core 0), active high, edge
+     * triggered (a device's line raised after its driver acknowledged it), unmasked. */
+    ioapic_write(base, IOAPIC_REDIRECT + 2 * input + 1, 0);
+    ioapic_write(base, IOAPIC_REDIRECT + 2 * input, DEVICE_VECTOR);
+    return 1;
+}
+
+uint64_t platform_device_irqs; /* boot.S platform_device_interrupt counts them (core 0's) */
+
+uint64_t platform_irqs(void)
+{
+    return __atomic_load_n(&platform_device_irqs, __ATOMIC_RELAXED);
+}
+
 void platform_wake(unsigned cpu)
 {
     send_ipi(cpu, WAKE_VECTOR | ICR_ASSERT);

@@ -20,6 +20,8 @@
 #define MMIO_QUEUE_PFN      0x040
 #define MMIO_QUEUE_READY    0x044
 #define MMIO_QUEUE_NOTIFY   0x050
+#define MMIO_INT_STATUS     0x060
+#define MMIO_INT_ACK        0x064
 #define MMIO_STATUS         0x070
 #define MMIO_QUEUE_DESC_LO  0x080
 #define MMIO_QUEUE_DESC_HI  0x084
@@ -38,6 +40,7 @@
 #define PCI_QUEUE_SEL       0x0e
 #define PCI_QUEUE_NOTIFY    0x10
 #define PCI_STATUS          0x12
+#define PCI_ISR             0x13   /* read: the status, and acknowledged */
 #define PCI_CONFIG          0x14   /* without MSI-X */
 
 #define LEGACY_ALIGN 4096u
@@ -102,8 +105,14 @@ static int find_mmio_from_cmdline(uint32_t id, struct virtio_dev *dev)
             continue;
         s++;
         uintptr_t base = (uintptr_t)parse_hex(&s);
-        if (mmio_probe(base, dev) && dev->device_id == id)
+        uint32_t irq = 0;
+        if (*s == ':')
+            for (s++; *s >= '0' && *s <= '9'; s++)
+                irq = irq * 10 + (uint32_t)(*s - '0');
+        if (mmio_probe(base, dev) && dev->device_id == id) {
+            dev->irq = irq;
             return 1;
+        }
     }
     return 0;
 }
@@ -312,4 +321,20 @@ int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len)
         return 0;
     q->last_used++;
     return 1;
+}
+
+void virtio_queue_interrupts(struct virtq *q, int on)
+{
+    q->avail->flags = on ? 0 : VIRTQ_AVAIL_F_NO_INTERRUPT;
+    memory_barrier(); /* the flag before whatever the caller reads next (the used ring) */
+}
+
+uint32_t virtio_irq_ack(struct virtio_dev *dev)
+{
+    if (dev->transport == VIRTIO_PCI_LEGACY)
+        return inb((uint16_t)(dev->base + PCI_ISR));
+    uint32_t status = mr(dev, MMIO_INT_STATUS);
+    if (status)
+        mw(dev, MMIO_INT_ACK, status);
+    return status;
 }

@@ -1,6 +1,7 @@
 /*
  * Virtio transports (virtio-mmio v1 "legacy" and v2 "modern", virtio-pci
- * legacy I/O BAR) and split virtqueues. Polling only, no interrupts.
+ * legacy I/O BAR) and split virtqueues. Polled; a device whose interrupt line is
+ * known (dev->irq) can also wake a waiting core (virtio_irq_ack, virtio_queue_interrupts).
  */
 #ifndef ORISHA_VIRTIO_H
 #define ORISHA_VIRTIO_H
@@ -18,6 +19,7 @@
 #define VIRTQ_DESC_F_NEXT  1
 #define VIRTQ_DESC_F_WRITE 2
 #define VIRTQ_USED_F_NO_NOTIFY 1
+#define VIRTQ_AVAIL_F_NO_INTERRUPT 1
 
 enum virtio_transport {
     VIRTIO_MMIO_LEGACY,   /* mmio Version 1 */
@@ -31,6 +33,7 @@ struct virtio_dev {
     uint32_t device_id;
     int modern;           /* VIRTIO_F_VERSION_1 negotiated */
     const char *how;      /* how virtio_find found it, for the boot log */
+    uint32_t irq;         /* its interrupt's GSI (microvm's command line), 0 if unknown */
 };
 
 struct virtq_desc {
@@ -97,5 +100,12 @@ void virtio_queue_kick(struct virtq *q);
 int virtio_queue_pop(struct virtq *q, uint32_t *id, uint32_t *len);
 /* The same without taking it: the next pop returns it again. */
 int virtio_queue_peek(const struct virtq *q, uint32_t *id, uint32_t *len);
+
+/* Used-buffer notifications of queue q on or off (VIRTQ_AVAIL_F_NO_INTERRUPT: a
+ * polling driver turns them off, so that the device neither raises its line nor the
+ * host works to raise it). */
+void virtio_queue_interrupts(struct virtq *q, int on);
+/* Read and acknowledge the device's interrupt status, which lowers its line. */
+uint32_t virtio_irq_ack(struct virtio_dev *dev);
 
 #endif

@@ -83,6 +83,7 @@ static size_t hdr_len PLATFORM_SHARED;
 static uint8_t mac[6] PLATFORM_SHARED;
 static char describe[160] PLATFORM_SHARED;
 static int tso PLATFORM_SHARED; /* CSUM + HOST_TSO4 negotiated */
+static int irq_wakes PLATFORM_SHARED; /* one pair and the device's GSI known: it wakes core 0 */
 
 static void lock_tx(struct pair *q)
 {
@@ -226,16 +227,25 @@ int virtio_net_init(void)
     if (want & mq)
         virtio_queue_setup(&dev, &ctrl, (uint16_t)(2 * max_pairs), 64);
 
+    /* Polled: no notifications (virtio_net_rx_arm turns the receive queue's on for a nap). */
+    for (unsigned i = 0; i < npairs; i++) {
+        virtio_queue_interrupts(&pairs[i].rxq, 0);
+        virtio_queue_interrupts(&pairs[i].txq, 0);
+    }
+    irq_wakes = npairs == 1 && dev.irq && platform_irq_to_core0(dev.irq);
     virtio_set_status(&dev, st | VIRTIO_STATUS_DRIVER_OK);
     if (npairs > 1 && !set_pairs(&ctrl, npairs))
         PANIC("virtio-net: the device refused %u queue pairs (VQ_PAIRS_SET)", npairs);
     for (unsigned i = 0; i < npairs; i++)
         virtio_queue_kick(&pairs[i].rxq);
 
-    platform_snprintf(describe, sizeof describe, "%s @%#lx, %s, %u queue pair%s of %u, rxq %u txq %u%s",
+    char wakes[24] = ", polled";
+    if (irq_wakes)
+        platform_snprintf(wakes, sizeof wakes, ", irq %u", (unsigned)dev.irq);
+    platform_snprintf(describe, sizeof describe, "%s @%#lx, %s, %u queue pair%s of %u, rxq %u txq %u%s%s",
                       dev.how, (unsigned long)dev.base, dev.modern ? "modern" : "legacy",
                       npairs, npairs == 1 ? "" : "s", max_pairs, pairs[0].rxq.size,
-                      pairs[0].txq.size, tso ? ", tso" : "");
+                      pairs[0].txq.size, tso ? ", tso" : "", wakes);
     return 1;
 }
 
@@ -272,6 +282,28 @@ int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget)
     if (n)
         virtio_queue_kick(&q->rxq);
     return n;
+}
+
+int virtio_net_rx_arm(void)
+{
+    if (!irq_wakes)
+        return -1;
+    struct pair *q = &pairs[0];
+    uint32_t id, len;
+    /* Notifications on, the line lowered, then a last look: a frame the device puts
+     * after that raises the line again, and the interrupt ends the nap. */
+    virtio_queue_interrupts(&q->rxq, 1);
+    virtio_irq_ack(&dev);
+    if (!virtio_queue_peek(&q->rxq, &id, &len))
+        return 1;
+    virtio_queue_interrupts(&q->rxq, 0);
+    return 0;
+}
+
+void virtio_net_rx_disarm(void)
+{
+    if (irq_wakes)
+        virtio_queue_interrupts(&pairs[0].rxq, 0);
 }
 
 static void tx_reclaim(struct pair *q)

@@ -23,6 +23,13 @@ typedef int (*virtio_net_rx_fn)(const uint8_t *frame, size_t len, void *arg);
 /* Deliver up to 'budget' received frames of this core's pair, stopping at one fn keeps;
  * returns how many were taken. Core 0 alone with one pair. */
 int virtio_net_rx_poll(virtio_net_rx_fn fn, void *arg, int budget);
+/* Core 0 with one queue pair, before a nap: 1 when the device's interrupt will end it
+ * (notifications on, the line lowered, nothing received meanwhile); 0 when a frame is
+ * already there (poll instead); -1 when the device has no interrupt here (microvm's
+ * GSI unknown, PCI, a pair per core): nothing but a poll notices a frame. After the
+ * nap, virtio_net_rx_disarm turns notifications off again. */
+int virtio_net_rx_arm(void);
+void virtio_net_rx_disarm(void);
 
 /* Get a TX frame buffer (VIRTIO_NET_MAX_FRAME bytes), NULL if the ring stays full;
  * any core, holding the TX queue until virtio_net_tx_commit. */
