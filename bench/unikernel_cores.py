@@ -7,10 +7,14 @@ with `orisha boot --tap NAME --address A/24 --cpus N` on two tap devices this sc
 makes in the host's namespace (a plain one for 1 vCPU, a multi_queue one for 2: a
 queue pair per vCPU) and removes afterwards. wrk (--threads threads, --conns connections,
 `Connection: close`: every request a new connection, and over HTTPS a new full
-handshake) runs on the host against each, interleaved round by round. Printed per
-protocol: median req/s, the 2-vCPU / 1-vCPU ratio, and where the host's CPU went in
-the window: the whole host's busy share, the client's (wrk's) share of the host, the
-guest's vCPU threads (ms of vCPU time per request, and the share of the host).
+handshake) runs on the host against each, interleaved round by round. Loads: plain HTTP and HTTPS with
+`Connection: close`, and HTTPS keep-alive. Printed per load: median req/s, the 2-vCPU /
+1-vCPU ratio, and where the host's CPU went in the window: the whole host's busy share,
+the client's (wrk's) share of the host, the guest's vCPU threads (ms of vCPU time per
+request, and the share of the host), and the guest's own count: its cores' time out of
+HLT over the window as TSC cycles per request answered (`orisha boot` logs every core's
+stats line on SIGUSR1, before and after each load; polling counts as busy, as it does
+for the host).
 The client's CPU per request (wrk's user + system time) beside the guest's: on a host
 with as many cores as the guest has vCPUs, their sum bounds the rate whatever the vCPUs.
 Needs root (tap devices), /dev/net/tun, wrk, QEMU.
@@ -28,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,11 +71,14 @@ def vcpu_seconds(qemu: int) -> float:
     return total
 
 
-def wrk(url: str, seconds: float, conns: int, threads: int = 1) -> dict:
+LOADS = {"http": ("http", True), "https": ("https", True), "https keep-alive": ("https", False)}
+
+
+def wrk(url: str, seconds: float, conns: int, threads: int = 1, close: bool = True) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     b0, t0, w0 = *host_busy(), time.monotonic()
-    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "-H", "Connection: close",
-           "-H", "Accept-Encoding: gzip", url]
+    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s",
+           *(["-H", "Connection: close"] if close else []), "-H", "Accept-Encoding: gzip", url]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     b1, t1, wall = *host_busy(), time.monotonic() - w0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -85,13 +93,19 @@ def wrk(url: str, seconds: float, conns: int, threads: int = 1) -> dict:
             "errors": (errors.group(1) if errors else "") + (f" non-2xx {non2xx.group(1)}" if non2xx else "")}
 
 
+STATS = re.compile(r"orisha: stats cpu (\d+) connections \d+ requests (\d+) drops \d+ busy_ms \d+ "
+                   r"cycles_per_request (\d+)")
+
+
 class Vm:
     def __init__(self, image: str, cpus: int) -> None:
         tap, net, _ = TAPS[cpus]
+        self.cpus, self.log = cpus, []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orisha.cli", "boot", image, "--tap", tap, "--address",
              f"{net}.2/24", "--cpus", str(cpus)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, start_new_session=True, cwd=ROOT)
+            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
         line = self.proc.stdout.readline()
         if "orisha: serving" not in line:
             raise RuntimeError(f"{cpus} vCPU: did not boot: {line!r}")
@@ -99,6 +113,20 @@ class Vm:
         qemu = subprocess.run(["pgrep", "-P", str(self.proc.pid), "qemu-system"],
                               capture_output=True, text=True).stdout.split()
         self.qemu = int(qemu[0])
+
+    def guest(self) -> tuple[int, int]:
+        """(requests answered, busy TSC cycles) of every core so far: SIGUSR1, then each
+        core's stats line."""
+        seen = len(self.log)
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            cores = {int(m.group(1)): (int(m.group(2)), int(m.group(2)) * int(m.group(3)))
+                     for line in self.log[seen:] for m in [STATS.search(line)] if m}
+            if len(cores) == self.cpus:
+                return sum(r for r, _ in cores.values()), sum(c for _, c in cores.values())
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.cpus} vCPU: no stats lines after SIGUSR1")
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -135,15 +163,19 @@ def main() -> None:
             for cpus in ((1, 2) if rnd % 2 == 0 else (2, 1)):
                 vm = Vm(image, cpus)
                 try:
-                    for proto in ("http", "https"):
-                        v0 = vcpu_seconds(vm.qemu)
-                        r = wrk(f"{proto}://{vm.host}{PATH}", args.seconds, args.conns, args.threads)
+                    for load, (scheme, close) in LOADS.items():
+                        v0, (n0, c0) = vcpu_seconds(vm.qemu), vm.guest()
+                        r = wrk(f"{scheme}://{vm.host}{PATH}", args.seconds, args.conns,
+                                args.threads, close)
+                        (n1, c1) = vm.guest()
                         r["guest_ms"] = (vcpu_seconds(vm.qemu) - v0) * 1000 / max(1, r["rps"] * r["wall"])
                         r["guest"] = (vcpu_seconds(vm.qemu) - v0) / (r["wall"] * os.cpu_count())
-                        results.setdefault((proto, cpus), []).append(r)
-                        print(f"round {rnd + 1} {proto:5} {cpus} vCPU {r['rps']:>8,.0f} req/s  host busy "
+                        r["cycles"] = (c1 - c0) / max(1, n1 - n0)
+                        results.setdefault((load, cpus), []).append(r)
+                        print(f"round {rnd + 1} {load:16} {cpus} vCPU {r['rps']:>8,.0f} req/s  host busy "
                               f"{r['host']:.0%}  client {r['client']:.0%} ({r['client_ms']:.2f} ms/req)  guest {r['guest']:.0%} "
-                              f"({r['guest_ms']:.2f} ms vCPU/req) {r['errors']}", flush=True)
+                              f"({r['guest_ms']:.2f} ms vCPU/req, {r['cycles']:,.0f} guest cycles/req) "
+                              f"{r['errors']}", flush=True)
                 finally:
                     vm.stop()
     finally:
@@ -151,17 +183,20 @@ def main() -> None:
             subprocess.run(["ip", "link", "del", tap], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     med = lambda proto, cpus, k: statistics.median(r[k] for r in results[(proto, cpus)])  # noqa: E731
-    print(f"\n{os.cpu_count()} host cores; wrk -t{args.threads} -c{args.conns}, Connection: close, {PATH}, "
+    print(f"\n{os.cpu_count()} host cores; wrk -t{args.threads} -c{args.conns}, {PATH}, "
           f"{args.rounds} rounds of {args.seconds:g} s (medians)")
-    print("| protocol | vCPUs | req/s | 2 / 1 vCPU | host busy | client share | client ms/req | guest share | guest ms/req |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for proto in ("http", "https"):
+    print("| load | vCPUs | req/s | 2 / 1 vCPU | host busy | client share | client ms/req | "
+          "guest share | guest ms/req | guest cycles/req | 2 / 1 vCPU cycles |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for load in LOADS:
         for cpus in (1, 2):
-            ratio = f"{med(proto, 2, 'rps') / med(proto, 1, 'rps'):.2f}×" if cpus == 2 else ""
-            print(f"| {proto} | {cpus} | {med(proto, cpus, 'rps'):,.0f} | {ratio} | "
-                  f"{med(proto, cpus, 'host'):.0%} | {med(proto, cpus, 'client'):.0%} | "
-                  f"{med(proto, cpus, 'client_ms'):.2f} | "
-                  f"{med(proto, cpus, 'guest'):.0%} | {med(proto, cpus, 'guest_ms'):.2f} |")
+            ratio = f"{med(load, 2, 'rps') / med(load, 1, 'rps'):.2f}×" if cpus == 2 else ""
+            cycles = f"{med(load, 2, 'cycles') / med(load, 1, 'cycles'):.2f}×" if cpus == 2 else ""
+            print(f"| {load} | {cpus} | {med(load, cpus, 'rps'):,.0f} | {ratio} | "
+                  f"{med(load, cpus, 'host'):.0%} | {med(load, cpus, 'client'):.0%} | "
+                  f"{med(load, cpus, 'client_ms'):.2f} | "
+                  f"{med(load, cpus, 'guest'):.0%} | {med(load, cpus, 'guest_ms'):.2f} | "
+                  f"{med(load, cpus, 'cycles'):,.0f} | {cycles} |")
 
 
 if __name__ == "__main__":

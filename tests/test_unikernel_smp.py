@@ -13,6 +13,7 @@ import concurrent.futures
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -176,14 +177,47 @@ def test_one_core_is_as_before(image):
 
 
 def _per_core(log: list[str]) -> dict[int, dict[str, int]]:
-    """The stop's per-core stats lines: ``orisha: stats cpu N connections C requests R drops D``."""
+    """The per-core stats lines (the last of each core's): ``orisha: stats cpu N
+    connections C requests R drops D busy_ms B cycles_per_request K``."""
     cores = {}
     for line in log:
-        m = re.search(r"orisha: stats cpu (\d+) connections (\d+) requests (\d+) drops (\d+)", line)
+        m = re.search(r"orisha: stats cpu (\d+) connections (\d+) requests (\d+) drops (\d+) "
+                      r"busy_ms (\d+) cycles_per_request (\d+)", line)
         if m:
             cpu, *counts = map(int, m.groups())
-            cores[cpu] = dict(zip(("connections", "requests", "drops"), counts))
+            cores[cpu] = dict(zip(("connections", "requests", "drops", "busy_ms",
+                                   "cycles_per_request"), counts))
     return cores
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_sigusr1_has_every_core_log_its_cycles_per_request(image, cpus):
+    """`orisha boot` turns SIGUSR1 into the console's ``stats``: every core logs its
+    stats lines now, each with its time out of HLT and that time as guest (TSC) cycles
+    per request answered; asked again after more requests, the counts have grown."""
+    vm = Booted(image, ["--cpus", str(cpus)])
+    try:
+        assert f"{cpus} core" in _serving(vm), vm.log
+        snapshots = []
+        for _ in range(2):
+            for _ in range(20):
+                assert _one_request(vm.port) == 200
+            seen = len(vm.log)
+            vm.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 10  # the console is read every 50 ms
+            while len(_per_core(vm.log[seen:])) < cpus and time.monotonic() < deadline:
+                time.sleep(0.05)
+            snapshots.append(_per_core(vm.log[seen:]))
+        first, second = snapshots
+        assert set(first) == set(second) == set(range(cpus)), vm.log
+        assert sum(c["requests"] for c in first.values()) >= 20, first
+        assert sum(c["requests"] for c in second.values()) >= 40, second
+        for cpu, c in second.items():
+            assert c["busy_ms"] >= first[cpu]["busy_ms"], (first, second)
+            if c["requests"]:
+                assert c["cycles_per_request"] > 0, c
+    finally:
+        assert vm.stop() == 0, "\n".join(vm.log)
 
 
 def _one_request(port: int) -> int:

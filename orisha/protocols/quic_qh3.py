@@ -35,10 +35,8 @@ _END = 9  # pull_quic_header's tuple: the offset where the packet ends
 class ServerConnection(QuicConnection):
     """A qh3 server connection whose datagrams are credited whole (see the module's docstring)."""
 
-    exhausted = 0  # times the core's builder ran out of amplification room (datagrams_to_send)
     held = False   # the last poll ended congestion-limited: the core may hold reservations
     early: list | None = None  # datagrams built before a drain (``_drain_core``), not yet sent
-    deferred = 0   # drains put off while the core held reservations
     _now = 0.0     # the time of the input being handled (``_drain_core`` has no argument)
 
     def _drain_core(self) -> None:
@@ -61,7 +59,6 @@ class ServerConnection(QuicConnection):
                 and core.state == "connected":
             self.built(self._now)
             if self.held:
-                self.deferred += 1
                 return
         super()._drain_core()
 
@@ -128,7 +125,6 @@ class ServerConnection(QuicConnection):
         except (RuntimeError, ValueError) as e:  # as qh3's _call_core, for the one above
             if str(e) != _EXHAUSTED:
                 raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(e)) from e
-            self.exhausted += 1
         self.held = core.congestion_window - core.bytes_in_flight \
             < self._configuration.max_datagram_size
         return out

@@ -50,7 +50,6 @@ extern uintptr_t platform_lapic;
  * CMOS RTC (any ring). */
 void platform_clock_init(void);
 void platform_wallclock_init(void);
-uint64_t platform_tsc_hz(void);
 const char *platform_clock_source(void);
 
 int platform_vsnprintf(char *buf, size_t size, const char *fmt, va_list ap);

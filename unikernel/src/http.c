@@ -1148,10 +1148,13 @@ static struct tcp_pcb *listen_on(uint16_t port, void *arg)
  * TLS records and segment headers; its pools the zero-copy body pbufs and the
  * segments. Logged at most once a second when a connection was displaced,
  * refused or killed or an allocation failed since the last line (serial
- * output is slow: nothing while all is well), at a stop, and every 10 s
- * with orisha.verbose.
+ * output is slow: nothing while all is well), at a stop, every 10 s with
+ * orisha.verbose, and when the console asks ("stats"). Then each core's own
+ * line: its connections, requests (HTTP/1.1 and h2), drops, and its time out of
+ * HLT since its network came up as milliseconds and as guest (TSC) cycles per
+ * request: what a request costs the core, polling included.
  */
-static void log_stats(void)
+void http_log_stats(void)
 {
     const struct stats_mem *pb = lwip_stats.memp[MEMP_PBUF], *sg = lwip_stats.memp[MEMP_TCP_SEG];
     const struct stats_mem *pc = lwip_stats.memp[MEMP_TCP_PCB];
@@ -1172,11 +1175,14 @@ static void log_stats(void)
                     (unsigned long)lwip_stats.mem.max, (unsigned long)lwip_stats.mem.avail,
                     (unsigned long)lwip_stats.mem.err, pb->max, pb->avail, sg->max, sg->avail,
                     pc->max, pc->avail, who);
-    if (platform_cpus() > 1) /* each core logs its own line: its connections, its share */
-        platform_printf("orisha: stats cpu %u connections %lu requests %lu drops %lu\n",
-                        platform_cpu(), (unsigned long)accepted_conns,
-                        (unsigned long)(requests + h2_requests()),
-                        (unsigned long)(syn_dropped + refused + displaced + killed));
+    uint64_t answered = requests + h2_requests(), busy_us = net_busy_ns() / 1000u;
+    uint64_t cycles = busy_us * (platform_tsc_hz() / 1000000u);
+    platform_printf("orisha: stats cpu %u connections %lu requests %lu drops %lu busy_ms %lu "
+                    "cycles_per_request %lu\n",
+                    platform_cpu(), (unsigned long)accepted_conns, (unsigned long)answered,
+                    (unsigned long)(syn_dropped + refused + displaced + killed),
+                    (unsigned long)(busy_us / 1000u),
+                    (unsigned long)(answered ? cycles / answered : 0));
     net_log_stats();
     tls_log_stats();
 }
@@ -1186,9 +1192,10 @@ static void stats_tick(void *arg)
     static uint64_t last, ticks;
     (void)arg;
     uint64_t sum = queued + syn_dropped + overflowed + head_timeouts + displaced + refused + killed + send_timeouts + lwip_stats.mem.err +
-                   lwip_stats.memp[MEMP_PBUF]->err + lwip_stats.memp[MEMP_TCP_SEG]->err;
+                   lwip_stats.memp[MEMP_PBUF]->err + lwip_stats.memp[MEMP_TCP_SEG]->err +
+                   tls_failed_handshakes();
     if (sum != last || (platform_verbose() && ++ticks % 10 == 0))
-        log_stats();
+        http_log_stats();
     last = sum;
     sys_timeout(STATS_MS, stats_tick, NULL);
 }
@@ -1253,7 +1260,7 @@ void http_stop(void)
     if (stopping)
         return;
     stopping = 1;
-    log_stats();
+    http_log_stats();
     if (tcp_close(listener) != ERR_OK) /* a listener closes without allocating */
         PANIC("http: closing the listener failed");
     listener = NULL;

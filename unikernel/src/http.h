@@ -15,6 +15,8 @@
 int http_init(const uint8_t *image, size_t len);
 /* Graceful stop: no new connections; each open one ends after its current response. */
 void http_stop(void);
+/* This core's stats lines now (a stop logs them too; main.c's console "stats"). */
+void http_log_stats(void);
 /* From the main loop when a pass found no frame: the kernel is not behind (see stale()). */
 void http_idle(void);
 /* Connections served at once, and slots (served and waiting), as sized from the RAM. */

@@ -9,6 +9,8 @@
  * to QEMU's stdin, orisha/targets/unikernel/boot.py): "stop" asks for a
  * graceful stop (no new connections, open ones end after their current
  * response; "orisha: drained" is logged once nothing is left unacknowledged),
+ * "stats" has every core log its stats lines (bench/unikernel_cores.py reads a
+ * window's guest cycles from two of them),
  * "exit" leaves QEMU now. The host decides when to send "exit": once QEMU's
  * user networking has passed every byte on, or when its grace time is up.
  */
@@ -28,7 +30,21 @@
 #define IDLE_US 50000        /* an idle core sleeps at most this long (wake IPIs and core 0's
                               * device interrupt end it; lwIP's timers are kept): the console's pace */
 
-enum command { NONE, STOP, EXIT };
+enum command { NONE, STOP, EXIT, STATS };
+
+/* The console's "stats": every core logs its stats lines (http_log_stats) once it
+ * sees the count move (within its longest nap). */
+static uint32_t stats_asked PLATFORM_SHARED;
+
+static void stats_if_asked(void)
+{
+    static uint32_t seen; /* this core's */
+    uint32_t asked = __atomic_load_n(&stats_asked, __ATOMIC_ACQUIRE);
+    if (seen != asked) {
+        seen = asked;
+        http_log_stats();
+    }
+}
 
 /* One pass of the loop: the network, and the RTC edge the wall clock waits for;
  * when the network had nothing, http.c hears the kernel is not behind, and a key
@@ -74,6 +90,7 @@ static void secondary(unsigned cpu)
             __atomic_store_n(&cores[cpu].stopped, 1, __ATOMIC_RELEASE);
         }
         __atomic_store_n(&cores[cpu].busy, http_busy(), __ATOMIC_RELEASE);
+        stats_if_asked();
     }
 }
 
@@ -120,6 +137,8 @@ static enum command console_command(void)
             return STOP;
         if (n == 4 && memcmp(line, "exit", 4) == 0)
             return EXIT;
+        if (n == 5 && memcmp(line, "stats", 5) == 0)
+            return STATS;
         if (n)
             platform_printf("orisha: unknown console command (%zu bytes)\n", n);
     }
@@ -138,6 +157,8 @@ static void serve(void)
             enum command cmd = console_command();
             if (cmd == EXIT)
                 return;
+            if (cmd == STATS)
+                __atomic_add_fetch(&stats_asked, 1, __ATOMIC_RELEASE);
             if (cmd == STOP && !stopping) {
                 stopping = 1;
                 platform_printf("orisha: stopping: no new connections, finishing responses\n");
@@ -145,6 +166,7 @@ static void serve(void)
                 __atomic_store_n(&stop_all, 1, __ATOMIC_RELEASE);
             }
         }
+        stats_if_asked();
         if (stopping && !drained && all_drained()) {
             drained = 1;
             platform_printf("orisha: drained\n");

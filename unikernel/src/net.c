@@ -387,8 +387,11 @@ static int static_address(void)
     return 1;
 }
 
+static uint64_t started_ns; /* when this core's network came up (net_busy_ns) */
+
 void net_init(void)
 {
+    started_ns = platform_now_ns();
     if (!virtio_net_init())
         PANIC("no virtio-net device found");
     if (platform_verbose())
@@ -437,6 +440,11 @@ static int ring_poll(struct frame_ring *r)
 #define NAP_MAX_US 2000
 static uint64_t last_frame_ns; /* this core's last received frame (net_wait) */
 static uint64_t napped_ns;     /* this core's time in HLT (net_wait; its net line's napped_ms) */
+
+uint64_t net_busy_ns(void)
+{
+    return platform_now_ns() - started_ns - napped_ns;
+}
 
 static void nap(uint32_t us)
 {
@@ -508,6 +516,7 @@ void net_init_secondary(void)
 {
     while (!__atomic_load_n(&given.ready, __ATOMIC_ACQUIRE))
         platform_idle(1000);
+    started_ns = platform_now_ns();
     isn_keygen(); /* RDSEED/RDRAND: the virtio-rng is core 0's */
     lwip_init();
     if (!netif_add(&nif, &given.ip, &given.mask, &given.gw, NULL, netif_setup, ethernet_input))

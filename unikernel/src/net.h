@@ -10,6 +10,9 @@ int net_poll(void);
  * had reached it (ns), which is now unless core 0 feeds it from one queue pair and has
  * a backlog not yet handed on (http.c: a client is silent only past that). */
 uint64_t net_caught_up_ns(void);
+/* This core's time out of HLT since its network came up (polling included: what the
+ * host gives the vCPU), for the stats line's guest cycles per request. */
+uint64_t net_busy_ns(void);
 /* DHCP has supplied an address (status_changed has logged it). */
 int net_has_address(void);
 /* One log line of frame and drop counts (this core's). */

@@ -79,6 +79,7 @@ uint64_t platform_irqs(void);
 
 /* Clocks (clock.c). */
 uint64_t platform_now_ns(void);        /* monotonic since boot */
+uint64_t platform_tsc_hz(void);        /* the TSC's rate: guest cycles per second */
 uint32_t platform_now_ms(void);
 uint64_t platform_unix_time(void);     /* wall clock, seconds */
 void platform_wallclock_poll(void);    /* from the main loop: finds the RTC's second edge */

@@ -24,6 +24,7 @@
  *   Makefile's tls.o, from the files given to `orisha build`, which checked
  *   them with Python's ssl module); ALPN offers h2 and http/1.1.
  */
+#include <stdint.h>
 #include <string.h>
 #include "lwip/tcp.h"
 #include "mbedtls/ssl.h"
@@ -239,6 +240,8 @@ int tls_built(void)
     return 1;
 }
 
+static size_t heap_total; /* the TLS heap's bytes (the failed-handshakes line) */
+
 int tls_init(size_t heap_bytes)
 {
     unsigned char *heap = platform_ram_alloc(heap_bytes, 64);
@@ -249,6 +252,7 @@ int tls_init(size_t heap_bytes)
         PANIC("tls: no entropy source (no RDSEED/RDRAND in the CPU, no virtio-rng device): "
               "refusing to serve TLS");
     mbedtls_memory_buffer_alloc_init(heap, heap_bytes);
+    heap_total = heap_bytes;
     psa_status_t st = mbedtls_psa_crypto_configure_entropy_sources(entropy_init, mbedtls_entropy_free);
     if (st == PSA_SUCCESS)
         st = psa_crypto_init();
@@ -379,9 +383,30 @@ static void hs_record(uint64_t ns)
     hs_us[hs_count++ % HS_SAMPLES] = (uint32_t)(ns / 1000);
 }
 
+/* Handshakes that failed (the connection closes after mbedTLS's alert, if it sent
+ * one), and the last one's mbedTLS error: a line of their own, once there are any. */
+static uint64_t hs_failed;
+static int hs_last_error;
+
+uint64_t tls_failed_handshakes(void)
+{
+    return hs_failed;
+}
+
 void tls_log_stats(void)
 {
     static uint32_t v[HS_SAMPLES];
+    if (hs_failed) {
+        size_t used = 0, peak = 0, blocks = 0;
+#if defined(MBEDTLS_MEMORY_DEBUG)
+        mbedtls_memory_buffer_alloc_cur_get(&used, &blocks);
+        mbedtls_memory_buffer_alloc_max_get(&peak, &blocks);
+#endif
+        platform_printf("orisha: tls failed_handshakes %lu last_error -0x%04x heap_used %lu "
+                        "heap_peak %lu heap_size %lu\n",
+                        (unsigned long)hs_failed, (unsigned)-hs_last_error,
+                        (unsigned long)used, (unsigned long)peak, (unsigned long)heap_total);
+    }
     uint32_t n = hs_count < HS_SAMPLES ? (uint32_t)hs_count : HS_SAMPLES;
     if (!n)
         return;
@@ -430,6 +455,8 @@ int tls_handshake(struct tls *t)
         return TLS_CLOSED;
     if (platform_verbose())
         platform_printf("orisha: tls handshake failed: mbedTLS error -0x%04x\n", (unsigned)-ret);
+    hs_failed++;
+    hs_last_error = ret;
     return TLS_FAILED;
 }
 

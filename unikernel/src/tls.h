@@ -57,6 +57,8 @@ int tls_replied(const struct tls *t);
 int tls_prepare(void);
 /* A stats line of what handshakes cost the guest (median, per step), if any finished. */
 void tls_log_stats(void);
+/* Handshakes that failed so far (http.c logs its stats line when this grows). */
+uint64_t tls_failed_handshakes(void);
 /* Drive the handshake: 1 done, 0 waiting for lwIP, TLS_CLOSED or TLS_FAILED. */
 int tls_handshake(struct tls *t);
 /* After the handshake: whether ALPN chose "h2" (RFC 7301; RFC 9113 §3.2). */

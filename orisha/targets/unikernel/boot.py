@@ -22,7 +22,8 @@ are up, it writes ``exit`` and the kernel leaves QEMU through isa-debug-exit;
 exit status 0. A second signal skips the wait. A kernel that stops by itself (a
 PANIC, a bad image) is an error with its log shown. QEMU never outlives this
 process (PR_SET_PDEATHSIG) and sits in its own process group, so a terminal's
-Ctrl-C reaches this process alone and is drained like SIGTERM.
+Ctrl-C reaches this process alone and is drained like SIGTERM. SIGUSR1 writes
+``stats``: every core logs its stats lines (its guest cycles per request among them).
 """
 
 from __future__ import annotations
@@ -405,9 +406,13 @@ def _wait_serving(vm: _Vm, stop: threading.Event, started: float) -> None:
                                                     else f" (QEMU exit status {vm.proc.returncode})"))
 
 
-def _serve_until_stopped(vm: _Vm, stop: threading.Event) -> None:
-    """Until a signal; a kernel that stops by itself raises."""
+def _serve_until_stopped(vm: _Vm, stop: threading.Event, stats: threading.Event) -> None:
+    """Until a signal; a kernel that stops by itself raises. ``stats`` set: the guest is
+    asked for its stats lines."""
     while not stop.wait(0.2):
+        if stats.is_set():
+            stats.clear()
+            vm.command("stats")
         if vm.proc.poll() is not None:
             vm.join()
             panic = vm.panic()
@@ -462,6 +467,18 @@ def _serving_line(host: str, port: int, tls: bool, http_port: int | None, manife
             f"{manifest.get('summary', '')}")
 
 
+def _handle_signals(stop: threading.Event, force: threading.Event,
+                    stats: threading.Event) -> dict:
+    """SIGTERM/SIGINT: the first sets ``stop`` (drain), a second ``force`` (skip the
+    wait); SIGUSR1 sets ``stats``. Returns the handlers they replaced."""
+    def on_signal(*_) -> None:
+        (force if stop.is_set() else stop).set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: stats.set())
+    return old
+
+
 def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto",
          memory: int | None = None, limits: Limits | None = None, announce=print,
          log=sys.stderr, http_port: int | None = None, cpus: int = 1, tap: str | None = None,
@@ -494,12 +511,8 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
                        guest_port=GUEST_TLS if tls else GUEST_HTTP, http_port=http_port,
                        cpus=cpus, tap=tap)
 
-    stop, force = threading.Event(), threading.Event()
-
-    def on_signal(*_) -> None:  # the first signal drains, a second one skips the wait
-        (force if stop.is_set() else stop).set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop, force, stats = threading.Event(), threading.Event(), threading.Event()
+    old = _handle_signals(stop, force, stats)
     started = time.monotonic()
     vm = None
     try:
@@ -513,7 +526,7 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
                                _cores(vm), bool(tap)))
         sys.stdout.flush()
         print(f"orisha: booted {image} in {ms:.0f} ms ({accel}, {memory} MiB)", file=log, flush=True)
-        _serve_until_stopped(vm, stop)
+        _serve_until_stopped(vm, stop, stats)
         _drain(vm, limits.grace, force)
         return 0
     finally:
