@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from conftest import DEMO, orisha
@@ -136,6 +137,16 @@ class TapBoot:
         for line in self.proc.stderr:
             self.log.append(line.rstrip("\n"))
 
+    def logged(self, text: str, timeout: float = 30) -> bool:
+        """Whether a line of the serial log holds ``text``: the log streams to stderr, which
+        the reader thread may take in after the serving line on stdout."""
+        deadline = time.monotonic() + timeout
+        while not any(text in s for s in list(self.log)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -215,8 +226,8 @@ def test_one_core_on_a_tap_uses_one_queue(image, plain_tap):
     name, host, address = plain_tap
     vm = TapBoot(image, ["--tap", name, "--address", address])
     try:
-        assert "(loop unikernel, 1 worker" in vm.line and f"static address {address.split('/')[0]} " \
-            in "\n".join(vm.log), vm.log
+        assert "(loop unikernel, 1 worker" in vm.line, vm.line
+        assert vm.logged(f"static address {address.split('/')[0]} "), vm.log
         assert _one_request(vm.host) == CSS
     finally:
         assert vm.stop() == 0, "\n".join(vm.log)
