@@ -1205,18 +1205,26 @@ static void stats_tick(void *arg)
  * touched only as far as used) from at most half of it, the TLS heap from the
  * rest, TLS_SLOT for each connection the table admits; a plain kernel's table
  * is three quarters of its slots. Both within lwipopts.h's bounds, which the
- * pools and send floors are sized for.
+ * pools and send floors are sized for. The TLS heap keeps the whole rest even
+ * when the table is capped (what net_share takes next, and RAM_KEEP, kept out):
+ * mbedTLS's first-fit heap fragments under bursts of handshakes (sessions of two
+ * 16 KiB buffers freed and taken again among the handshakes' smaller blocks), and
+ * with only TLS_SLOT a connection plus TLS_BASE a starved burst of 1,000 failed a
+ * few dozen handshakes for want of a block (-0x7f00, MBEDTLS_ERR_SSL_ALLOC_FAILED;
+ * tls.c counts them). Pages of it that are never used are never touched.
  */
 static size_t size_table(void)
 {
     size_t ram = platform_ram_left();
-    ram = ram > RAM_KEEP ? ram - RAM_KEEP : 0;
+    size_t keep = RAM_KEEP + (platform_cpu() ? 0 : net_share_bytes(platform_cpus_asked()));
+    ram = ram > keep ? ram - keep : 0;
     size_t slots = ram / SLOT_SHARE / sizeof(struct hconn), heap = 0;
     if (slots > ORISHA_CONN_SLOTS)
         slots = ORISHA_CONN_SLOTS;
     if (tls_built()) {
-        heap = ram - slots * sizeof(struct hconn);
-        table = (uint32_t)(heap / TLS_SLOT);
+        size_t rest = ram - slots * sizeof(struct hconn);
+        heap = rest > 128 ? rest - 128 : 0; /* two 64-byte alignments */
+        table = heap > TLS_BASE ? (uint32_t)((heap - TLS_BASE) / TLS_SLOT) : 0;
     } else {
         table = (uint32_t)(slots - slots / 4);
     }
@@ -1227,8 +1235,6 @@ static size_t size_table(void)
     if (table < 4)
         PANIC("http: %zu KiB of RAM above the image hold %u connections: give the guest more "
               "memory (--memory)", ram / 1024, table);
-    if (tls_built())
-        heap = (size_t)table * TLS_SLOT + TLS_BASE;
     nslots = (uint32_t)slots;
     conns = platform_ram_alloc(slots * sizeof(struct hconn), 64);
     return heap;

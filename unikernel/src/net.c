@@ -488,9 +488,21 @@ int net_has_address(void)
     return platform_cpu() ? given.ready : is_static || dhcp_supplied_address(&nif);
 }
 
+/* The first core net_share gives a ring: core 0 too with a pair per core (the ARP
+ * copies), else the cores core 0 feeds. */
+static unsigned first_ring(void)
+{
+    return virtio_net_pairs() > 1 ? 0 : 1;
+}
+
+size_t net_share_bytes(unsigned cpus)
+{
+    return cpus > first_ring() ? (cpus - first_ring()) * (sizeof *rings[0] + 64) : 0;
+}
+
 void net_share(unsigned cpus)
 {
-    for (unsigned k = virtio_net_pairs() > 1 ? 0 : 1; k < cpus; k++) {
+    for (unsigned k = first_ring(); k < cpus; k++) {
         rings[k] = platform_ram_alloc(sizeof *rings[k], 64); /* above the image: alike */
         ASSERT(platform_is_shared(rings[k], sizeof *rings[k]));
     }

@@ -25,6 +25,8 @@ void net_log_stats(void);
  * it), net_up once listening; net_wait: sleep up to `us` (less when an lwIP timer
  * is due) unless a frame arrives. */
 void net_share(unsigned cpus);
+/* The guest RAM net_share(cpus) will take (http.c keeps it out of the TLS heap). */
+size_t net_share_bytes(unsigned cpus);
 int net_spread(unsigned cpus, uint32_t wait_ms);
 void net_init_secondary(void);
 void net_up(void);
