@@ -396,17 +396,10 @@ uint64_t tls_failed_handshakes(void)
 void tls_log_stats(void)
 {
     static uint32_t v[HS_SAMPLES];
-    if (hs_failed) {
-        size_t used = 0, peak = 0, blocks = 0;
-#if defined(MBEDTLS_MEMORY_DEBUG)
-        mbedtls_memory_buffer_alloc_cur_get(&used, &blocks);
-        mbedtls_memory_buffer_alloc_max_get(&peak, &blocks);
-#endif
-        platform_printf("orisha: tls failed_handshakes %lu last_error -0x%04x heap_used %lu "
-                        "heap_peak %lu heap_size %lu\n",
+    if (hs_failed) /* the heap's use is not known here: MEMORY_DEBUG needs stdio */
+        platform_printf("orisha: tls failed_handshakes %lu last_error -0x%04x heap_size %lu\n",
                         (unsigned long)hs_failed, (unsigned)-hs_last_error,
-                        (unsigned long)used, (unsigned long)peak, (unsigned long)heap_total);
-    }
+                        (unsigned long)heap_total);
     uint32_t n = hs_count < HS_SAMPLES ? (uint32_t)hs_count : HS_SAMPLES;
     if (!n)
         return;
