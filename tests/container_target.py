@@ -148,7 +148,11 @@ class Container:
             docker("rm", "-f", self.container, check=False)
             raise RuntimeError(f"container failed: {self.logs.stdout}{self.logs.stderr}") from None
         self.startup = time.monotonic() - started  # docker run → first response
-        self.line = (self.logs()[0].splitlines() or [""])[0]
+        # The start-up line: docker's log may take it in after the first answer went out.
+        deadline = time.monotonic() + ready
+        while not (out := self.logs()[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.line = (out.splitlines() or [""])[0]
         self.stopped = None
 
     def logs(self) -> tuple[str, str]:
