@@ -305,6 +305,24 @@ def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki):
     assert sections[-1].startswith(v.h3)
 
 
+def test_an_established_connection_heard_from_for_the_idle_timeout_is_forgotten(builds, pki):
+    """RFC 9000 §10.1 once the handshake is done: the server's idle timeout (5 s here; the
+    client's is 60 s, so 5 s is the connection's) counts from the last datagram heard, and
+    then the connection is forgotten silently. The core is made with a longer one for the
+    handshake (``quic_qh3.HANDSHAKE_HOLD``), so this is the endpoint's to keep."""
+    from orisha.core.connection import App
+    from orisha.protocols import h3
+    from orisha.server import load_site
+    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 5))
+    headers, _, _ = _in_memory(ep, pki)
+    assert headers[b":status"] == b"200"
+    (c,) = ep.live
+    ep.tick(c.heard + 4.9)
+    assert ep.live == {c}
+    ep.tick(c.heard + 5.1)
+    assert not ep.live and not ep.conns
+
+
 def _in_memory(ep, pki, path: bytes = b"/"):
     """aioquic's client connection against ``ep`` with datagrams moved in memory: one GET;
     (the response's fields, its raw sections, every datagram the endpoint sent)."""

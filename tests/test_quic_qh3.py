@@ -28,9 +28,10 @@ from tlsutil import pki  # noqa: F401  (a fixture)
 SERVER, CLIENT = ("127.0.0.1", 4433), ("127.0.0.1", 50000)
 
 
-def _pair(pki, cls):
+def _pair(pki, cls, idle_timeout: float = 60.0):
     client = QuicConnection(configuration=QuicConfiguration(
-        is_client=True, alpn_protocols=H3_ALPN, server_name="localhost", cafile=pki.ca))
+        is_client=True, alpn_protocols=H3_ALPN, server_name="localhost", cafile=pki.ca,
+        idle_timeout=idle_timeout))
     client.connect(SERVER, now=0.0)
     first = client.datagrams_to_send(0.0)
     # qh3's HTTP/3 layer always sends SETTINGS_H3_DATAGRAM=1, which RFC 9297 §2.1.1 forbids
@@ -127,3 +128,94 @@ def test_the_server_resends_a_lost_handshake_done_on_its_own_timer(pki):
             deliver("the server's timer")
     assert client._handshake_confirmed and dropped == 4, (now, dropped)
     assert source == ["the server's timer"], source
+
+
+def _probe(client, server, now: float) -> list:
+    """The client's probe timeout at ``now``, its datagrams delivered to the server; what
+    the server answers (its own timer is never run here)."""
+    client.handle_timer(now)
+    for data, _ in client.datagrams_to_send(now):
+        server.receive_datagram(data, CLIENT, now)
+    return [data for data, _ in server.datagrams_to_send(now)]
+
+
+@pytest.mark.parametrize("server_probes", [0, 3])
+def test_a_client_probe_gets_the_server_hello_again_twice(pki, server_probes):
+    """RFC 9002 §6.2.3: the server's whole first flight is lost, and the client's probe (an
+    Initial) is answered with the handshake again — the ServerHello in two datagrams of its
+    own, so that the first of them lost too still completes the handshake at once. Without
+    it the answer was an ACK alone, and only the server's probe timer (which backs off as
+    the client's does) sent it again: at 30 % loss each way a client had probed for a minute
+    until the server's idle timeout forgot it. ``server_probes``: the server's own probe
+    timeouts before the client's probe comes, their datagrams lost (after the first, the
+    amplification limit holds them, queued: the ServerHello still goes first, twice)."""
+    client, server, first = _pair(pki, ServerConnection)
+    server.receive_datagram(first[0][0], CLIENT, 0.0)
+    assert server.datagrams_to_send(0.0)  # lost, all of it
+    for _ in range(server_probes):
+        at = server.get_timer()
+        server.handle_timer(at)
+        server.datagrams_to_send(at)  # lost
+    now = client.get_timer()
+    if not server_probes:
+        assert now < server.get_timer()  # the client's probe comes first
+    else:
+        now = max(now, at)
+    answer = _probe(client, server, now)
+    initials = [d for d in answer[:2] if d[0] & 0xB0 == 0x80 and len(d) >= 1200]  # Initial
+    assert len(initials) == 2, [len(d) for d in answer]
+    for data in answer[1:]:  # the first lost again
+        client.receive_datagram(data, SERVER, now)
+    for _ in range(4):  # to and fro at this instant: no timer of either side runs
+        for data, _ in client.datagrams_to_send(now):
+            server.receive_datagram(data, CLIENT, now)
+        for data, _ in server.datagrams_to_send(now):
+            client.receive_datagram(data, SERVER, now)
+    assert server._handshake_complete and client._handshake_confirmed
+
+
+def test_early_resends_are_bounded(pki):
+    """"For a limited number of times per connection" (RFC 9002 §6.2.3): a client whose
+    every answer is lost probes again and again; the server answers its first probes with
+    the handshake again, then with an ACK alone, and its probe timer goes on as before."""
+    from orisha.protocols.quic_qh3 import EARLY_RESENDS
+    # The client's probes back off from 0.2 s: its eleventh is past 200 s.
+    client, server, first = _pair(pki, ServerConnection, idle_timeout=3600.0)
+    server.receive_datagram(first[0][0], CLIENT, 0.0)
+    server.datagrams_to_send(0.0)
+    sizes = []
+    for _ in range(EARLY_RESENDS + 3):
+        now = client.get_timer()
+        sizes.append(sum(len(d) for d in _probe(client, server, now)))
+    assert all(n >= 2400 for n in sizes[:EARLY_RESENDS]), sizes
+    assert all(n < 200 for n in sizes[EARLY_RESENDS:]), sizes
+    assert server.get_timer() is not None
+
+
+def test_a_handshake_is_held_past_the_idle_timeout_for_the_clients_probes(pki):
+    """``quic_qh3.HANDSHAKE_HOLD``: a server configured with a 30 s idle timeout answers a
+    client whose every datagram after its first was lost until one of its backed-off probes
+    comes more than 45 s later, and forgets a handshake once nothing came for 64 s. The
+    server's own probe timer runs meanwhile (its datagrams are lost): held to 3x what the
+    client sent, it soon falls silent (which, had it sent anything, would have kept it)."""
+    from orisha.protocols.quic_qh3 import HANDSHAKE_HOLD
+    client, server, first = _pair(pki, ServerConnection, idle_timeout=3600.0)
+    server._configuration.idle_timeout = 30.0
+    server.receive_datagram(first[0][0], CLIENT, 0.0)
+    server.datagrams_to_send(0.0)
+
+    def run_server_until(end: float) -> None:
+        while (t := server.get_timer()) is not None and t <= end:
+            server.handle_timer(t)
+            server.datagrams_to_send(t)
+
+    while (now := client.get_timer()) < 45:  # the client's probes, lost
+        client.handle_timer(now)
+        client.datagrams_to_send(now)
+    run_server_until(now)
+    assert server._close_event is None
+    assert _probe(client, server, now), now  # answered
+    run_server_until(now + HANDSHAKE_HOLD - 1)
+    assert server._close_event is None
+    run_server_until(now + HANDSHAKE_HOLD + 5)
+    assert server._close_event is not None

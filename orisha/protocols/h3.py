@@ -330,7 +330,7 @@ class _Conn:
     feeds large bodies as their stream's send buffer drains (``feed``), and holds the time
     limits HTTP/1.1 and HTTP/2 have (``timed_out``)."""
     __slots__ = ("quic", "h3", "peer", "cids", "pending", "timer", "seq", "goaway", "last_sid",
-                 "counted", "handshaking", "app", "since")
+                 "counted", "handshaking", "app", "since", "heard")
 
     def __init__(self, quic: _Quic, peer: str, seq: int, app) -> None:
         self.quic, self.peer, self.seq = quic, peer, seq
@@ -344,6 +344,7 @@ class _Conn:
         self.counted = True
         self.handshaking = True
         self.since = 0.0  # the last progress of its requests (a request, body bytes queued)
+        self.heard = 0.0  # when its last datagram came
 
     def timed_out(self, now: float) -> bool:
         """The limits of HTTP/1.1 and HTTP/2 on a connection QUIC keeps alive (a client's
@@ -683,6 +684,7 @@ class Endpoint(_Admission):
                 else:
                     got.append((data, addr))
         for c, got in touched.items():
+            c.heard = now
             try:
                 if len(got) == 1:
                     c.quic.receive_datagram(got[0][0], got[0][1], now)
@@ -702,9 +704,18 @@ class Endpoint(_Admission):
             self._process(c, now)
 
     def tick(self, now: float) -> None:
-        if self.stopping:
-            for c in list(self.live):
+        """Each connection's time limits; and QUIC's idle timeout once the handshake is done
+        (RFC 9000 §10.1: nothing heard for it, the connection is forgotten, silently). The
+        core keeps it itself only while it is at least ``quic_qh3.HANDSHAKE_HOLD``: under
+        it, the core held a handshake that long but holds an established connection to
+        the client's own idle timeout (which may be longer) and no longer than that."""
+        idle = self.config.idle_timeout if self.config is not None else None
+        for c in list(self.live):
+            if idle and not c.handshaking and now - c.heard > idle:
+                self._forget(c)
+            elif self.stopping:
                 self._process(c, now)
+        if self.stopping:
             return
         for c in list(self.live):
             try:

@@ -18,18 +18,36 @@ avoids it: the credit is short whatever the client's hello is).
 
 from __future__ import annotations
 
+import copy
+
 from qh3._hazmat import pull_quic_header
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 from qh3.quic.crypto import CIPHER_SUITES, derive_key_iv_hp
 from qh3.quic.packet import QuicErrorCode, QuicPacketType
-from qh3.tls import CipherSuite, cipher_suite_hash, hkdf_expand_label, hkdf_extract
+from qh3.tls import CipherSuite, Epoch, cipher_suite_hash, hkdf_expand_label, hkdf_extract
 
 # RFC 9001 §5.2 and RFC 9369 §3.3.1: the salts of the Initial secrets, per version.
 _INITIAL_SALTS = {0x00000001: bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"),
                   0x6B3343CF: bytes.fromhex("0dede3def700a6db819381be6e269dcbf9bd2ed9")}
 
 _EXHAUSTED = "packet builder capacity exhausted"
-_END = 9  # pull_quic_header's tuple: the offset where the packet ends
+_TYPE, _END = 1, 9  # pull_quic_header's tuple: the packet's type; the offset where it ends
+_INITIAL, _HANDSHAKE = int(QuicPacketType.INITIAL), int(QuicPacketType.HANDSHAKE)
+_INITIAL_EPOCH = int(Epoch.INITIAL)
+# RFC 9002 §6.2.3: resending the handshake's CRYPTO data ahead of the probe timeout "for a
+# limited number of times per connection" (an endpoint that always answers what it cannot
+# use that way "risks creating an infinite exchange of packets").
+EARLY_RESENDS = 8
+# Seconds a connection's core waits for its peer before it is forgotten (RFC 9000 §10.1),
+# at least, until it has agreed the peer's own idle timeout (so: during the handshake, and
+# no longer than the client's). A client's probes back off from a 1 s timeout (RFC 9002
+# §6.2.1): at 1, 3, 7, 15, 31 and 63 s. While its address is not validated the server is
+# held to 3x what the client sent (RFC 9000 §8.1), which its first flight may use up: then
+# only those probes can bring the handshake on, and a server that forgot the client after
+# 30 s of silence lost a handshake whose probes at 15 and 31 s were both lost. Held 64 s,
+# it outlives every probe lost but the one at 63 s. After the handshake the configured
+# idle timeout is the endpoint's to keep (h3.py ``Endpoint.tick``).
+HANDSHAKE_HOLD = 64.0
 
 
 class ServerConnection(QuicConnection):
@@ -38,6 +56,10 @@ class ServerConnection(QuicConnection):
     held = False   # the last poll ended congestion-limited: the core may hold reservations
     early: list | None = None  # datagrams built before a drain (``_drain_core``), not yet sent
     _now = 0.0     # the time of the input being handled (``_drain_core`` has no argument)
+    # The CRYPTO data sent so far, as (epoch, offset, data): kept until the handshake is
+    # complete, for ``_resend_crypto``; and how many early resends are left.
+    crypto: list | None = None
+    resends = EARLY_RESENDS
 
     def _drain_core(self) -> None:
         """qh3's, put off while its core may hold stream reservations across a drain.
@@ -62,10 +84,10 @@ class ServerConnection(QuicConnection):
                 return
         super()._drain_core()
 
-    def built(self, now: float) -> None:
-        """Every datagram the core will build now, kept for the next ``datagrams_to_send``
-        (the core counts them in flight from here)."""
-        got = self._poll(now)
+    def built(self, now: float, most: int = 0) -> None:
+        """Every datagram the core will build now (its first ``most`` if that is not 0),
+        kept for the next ``datagrams_to_send`` (the core counts them in flight from here)."""
+        got = self._poll(now, most)
         if got:
             if self.early is None:
                 self.early = got
@@ -107,9 +129,9 @@ class ServerConnection(QuicConnection):
             return early
         return self._poll(now)
 
-    def _poll(self, now: float) -> list:
-        """Every datagram the core will build now (``held`` says whether it stopped on
-        the congestion window)."""
+    def _poll(self, now: float, most: int = 0) -> list:
+        """Every datagram the core will build now, or its first ``most`` (``held`` says
+        whether it stopped on the congestion window)."""
         core = self._core
         if core is None:
             return []
@@ -121,6 +143,8 @@ class ServerConnection(QuicConnection):
                 if log:
                     self._log_datagram("datagrams_sent", transmit[0])
                     self._log_packets("packet_sent", transmit[0])
+                if len(out) == most:
+                    break
                 transmit = poll(now)
         except (RuntimeError, ValueError) as e:  # as qh3's _call_core, for the one above
             if str(e) != _EXHAUSTED:
@@ -128,6 +152,46 @@ class ServerConnection(QuicConnection):
         self.held = core.congestion_window - core.bytes_in_flight \
             < self._configuration.max_datagram_size
         return out
+
+    def _create_core(self, remote_addr, initial_dcid: bytes, now: float) -> None:
+        """qh3's, with the core's idle timeout at least ``HANDSHAKE_HOLD`` (the transport
+        parameter the client is told is still the configuration's)."""
+        configuration = self._configuration
+        idle = configuration.idle_timeout
+        if idle is None or idle >= HANDSHAKE_HOLD:
+            return QuicConnection._create_core(self, remote_addr, initial_dcid, now)
+        self._configuration = copy.copy(configuration)
+        self._configuration.idle_timeout = HANDSHAKE_HOLD
+        try:
+            return QuicConnection._create_core(self, remote_addr, initial_dcid, now)
+        finally:
+            self._configuration = configuration
+
+    def _call_core(self, operation, *args):
+        """qh3's, also keeping the CRYPTO data TLS hands the core during the handshake."""
+        if self.crypto is not None and operation.__name__ == "send_crypto":
+            self.crypto.append(args)
+        return QuicConnection._call_core(self, operation, *args)
+
+    def _resend_crypto(self) -> None:
+        """The handshake's CRYPTO data queued again, Initial and Handshake, ahead of the probe
+        timeout (RFC 9002 §6.2.3): a client datagram with an Initial packet and no Handshake
+        packet after the server has answered says the client lacks the ServerHello (it has
+        no Handshake keys) or all of the flight after it. Without it only the server's probe
+        timer sends them again, which backs off on its own (1, 2, 4 … s) while the client's
+        probes back off on theirs: at 30 % loss each way a client had probed for a minute,
+        each probe answered with an ACK alone, until the server's idle timeout forgot it.
+        The anti-amplification limit still bounds what goes out (RFC 9000 §8.1)."""
+        self.resends -= 1
+        send, now = self._core.send_crypto, self._now
+        for _ in range(2):  # the ServerHello twice, each in a datagram of its own
+            for epoch, offset, data in self.crypto:
+                if epoch == _INITIAL_EPOCH:
+                    QuicConnection._call_core(self, send, epoch, offset, data)  # not kept again
+            self.built(now, 1)  # one datagram: not what a probe timeout queued after it
+        for epoch, offset, data in self.crypto:
+            if epoch != _INITIAL_EPOCH:
+                QuicConnection._call_core(self, send, epoch, offset, data)
 
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
         self._now = now
@@ -143,17 +207,26 @@ class ServerConnection(QuicConnection):
             # supports) make the core; its loop would then split the datagram short.
             if not self._first(data, addr, now):
                 return
+            self.crypto = []
+        answered = bool(self.crypto) and self.resends > 0  # this server's flight has gone
+        initial = handshake = False
         length, offset, n = self._configuration.connection_id_length, 0, len(data)
         while offset < n:
-            end = _packet_end(data, offset, length)
+            end, kind = _packet_end(data, offset, length)
             if end < n and not _parses(data, end, length):
                 end = n  # the rest is padding: counted with this packet (RFC 9000 §8.1)
             piece = data[offset:end]
             report = self._call_core(self._core.receive_datagram, piece, addr, now, n)
             if report[2]:  # authenticated: its source ID is the client's (TLS checks it)
                 self._learn_remote_source_cid(piece)
+                initial |= kind == _INITIAL
+                handshake |= kind == _HANDSHAKE
             self._drain_core()
             offset = end
+        if self._handshake_complete:
+            self.crypto = None
+        elif answered and initial and not handshake and self._core is not None:
+            self._resend_crypto()
 
     def _learn_remote_source_cid(self, data: bytes) -> None:
         """The client's source connection ID, which its transport parameters must repeat
@@ -218,10 +291,13 @@ def _parses(data: bytes, offset: int, length: int) -> bool:
     return True
 
 
-def _packet_end(data: bytes, offset: int, length: int) -> int:
-    """Where the packet at ``offset`` ends; the datagram's end for what does not parse."""
+def _packet_end(data: bytes, offset: int, length: int) -> tuple[int, int | None]:
+    """Where the packet at ``offset`` ends (the datagram's end for what does not parse), and
+    its long header's type (None for a short header or what does not parse)."""
     try:
-        end = pull_quic_header(data, offset, length)[_END]
+        header = pull_quic_header(data, offset, length)
     except ValueError:  # not a packet: the core drops it, credited or not
-        return len(data)
-    return end if offset < end <= len(data) else len(data)
+        return len(data), None
+    end = header[_END]
+    kind = header[_TYPE] if data[offset] & 0x80 else None
+    return (end if offset < end <= len(data) else len(data)), kind
