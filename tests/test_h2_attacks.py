@@ -231,3 +231,41 @@ def test_a_bad_preface_after_alpn_h2_is_a_protocol_error(tls_port, pki):
     except (ConnectionResetError, OSError):
         pass
     assert goaway_code(out) == PROTOCOL_ERROR
+
+
+def test_a_content_length_that_is_not_digits_is_refused_and_the_connection_goes_on(tls_port, pki):
+    """HTTP/2's side of test_h3_abuse's case of the same name (the same values and answers,
+    test_h3_abuse.NOT_DIGITS): each on its own stream of one connection, a GET without a
+    body; then a GET without one is answered 200 on the same connection."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    from test_h3_abuse import NOT_DIGITS
+    sock = tls_connect(tls_port, client_context(pki, ("h2",)))
+    sock.settimeout(10)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(
+        client_side=True, header_encoding=None, validate_outbound_headers=False,
+        normalize_outbound_headers=False, validate_inbound_headers=False))
+    c.initiate_connection()
+    try:
+        for value, want in NOT_DIGITS + [(None, 200)]:
+            sid = c.get_next_available_stream_id()
+            c.send_headers(sid, [(b":method", b"GET"), (b":path", b"/css/site.css"),
+                                 (b":scheme", b"https"), (b":authority", b"localhost")]
+                           + ([(b"content-length", value)] if value else []), end_stream=True)
+            sock.sendall(c.data_to_send())
+            got = None
+            while got is None:
+                data = sock.recv(65536)
+                assert data, (value, "the connection was closed")
+                for e in c.receive_data(data):
+                    if isinstance(e, h2.events.ResponseReceived) and e.stream_id == sid:
+                        got = int(dict(e.headers)[b":status"])
+                    elif isinstance(e, h2.events.StreamReset) and e.stream_id == sid:
+                        got = ("reset", e.error_code)
+                    elif isinstance(e, h2.events.ConnectionTerminated):
+                        raise AssertionError((value, e))
+                sock.sendall(c.data_to_send())
+            assert got == (want if want != "reset" else ("reset", PROTOCOL_ERROR)), (value, got)
+    finally:
+        sock.close()

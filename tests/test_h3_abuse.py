@@ -23,7 +23,7 @@ from aioquic.buffer import encode_uint_var
 from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, StreamType
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, StreamReset
 from aioquic.quic.packet import QuicErrorCode
 
 from conftest import TEST_LIMITS
@@ -93,6 +93,7 @@ class _Raw:
         self.closed: ConnectionTerminated | None = None
         self.data: dict[int, bytearray] = {}  # stream → bytes the server sent on it
         self.ended: set[int] = set()
+        self.resets: dict[int, int] = {}  # stream → the error code the server reset it with
         self.quic.connect(self.addr, time.time())
         self.run(lambda: self.handshaken, 10)
         if settings:  # the control stream with an empty SETTINGS (RFC 9114 §6.2.1)
@@ -148,6 +149,8 @@ class _Raw:
                 self.handshaken = True
             elif isinstance(e, ConnectionTerminated):
                 self.closed = e
+            elif isinstance(e, StreamReset):
+                self.resets[e.stream_id] = e.error_code
             elif hasattr(e, "data") and hasattr(e, "stream_id"):
                 self.data.setdefault(e.stream_id, bytearray()).extend(e.data)
                 if e.end_stream:
@@ -475,21 +478,86 @@ _PSEUDOS = [(b":method", b"GET"), (b":authority", b"localhost"), (b":scheme", b"
 def test_the_fast_request_check_judges_as_aioquics(valid_start, fields):
     """h3.validate_request (installed in qh3's HTTP/3 layer) rejects exactly the
     header lists aioquic's own validate_request_headers rejects, and notes the same
-    content-length (most lists start as a valid request, so the rest is what decides)."""
+    content-length (most lists start as a valid request, so the rest is what decides) —
+    but for a content-length that is not digits (RFC 9110 §8.6): aioquic reads it with
+    ``int`` ("1_0" is 10, "+7" is 7, "-1" and "0x7" are refused), ours leaves it to the
+    core (a 400) and holds the body to no length for it. So aioquic judges the list with
+    such values as "0", and the length noted is that of the last digits-only value."""
     headers = (_PSEUDOS if valid_start else []) + fields
     from aioquic.h3.connection import H3Stream, MessageError as AioquicError
     from aioquic.h3.connection import validate_request_headers as aioquics
     from qh3.h3.connection import MessageError
     from orisha.protocols.h3 import validate_request
+    lengths = [v for k, v in headers if k == b"content-length"]
+    digits = [int(v) for v in lengths if v.isdigit()]
+    as_digits = [(k, v if k != b"content-length" or v.isdigit() else b"0") for k, v in headers]
     verdicts = []
-    for check in (aioquics, validate_request):
+    for check, fields in ((aioquics, as_digits), (validate_request, headers)):
         stream = H3Stream(0)
         try:
-            check(headers, stream)
+            check(fields, stream)
             verdicts.append(("ok", stream.expected_content_length))
         except (AioquicError, MessageError):
             verdicts.append(("rejected", None))
+    if verdicts[0][0] == "ok":
+        verdicts[0] = ("ok", digits[-1] if digits else None)
     assert verdicts[0] == verdicts[1], (headers, verdicts)
+
+
+# Content-Length values that are not RFC 9110 §8.6's digits, and what each gets on HTTP/2 and
+# HTTP/3: the core's 400 (as on HTTP/1.1), or a stream error for a malformed request (a field
+# value with spaces at its ends, RFC 9114 §4.2; a body that is not its length, §4.1.2).
+NOT_DIGITS = [(b"1_0", 400), (b"+7", 400), (b"0x7", 400), (b" 7 ", "reset"), (b"7", "reset")]
+
+
+def test_a_content_length_that_is_not_digits_is_refused_and_the_connection_goes_on(server, pki):
+    """HTTP/3 (test_h2_attacks has HTTP/2's): each value on its own request stream of one
+    connection, a GET without a body. qh3 read the length with ``int`` ("1_0" was 10, "+7"
+    7) and closed the whole connection for what it refused (H3_MESSAGE_ERROR, a connection
+    error): now a malformed request is reset alone, with H3_MESSAGE_ERROR, and the next
+    request on the connection is answered."""
+    import pylsqpack
+    c = _Raw(server.port, pki.ca)
+    try:
+        for value, want in NOT_DIGITS + [(None, 200)]:
+            fields = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
+                      (b":path", b"/")] + ([(b"content-length", value)] if value else [])
+            _, section = pylsqpack.Encoder().encode(0, fields)
+            sid = c.quic.get_next_available_stream_id()
+            c.quic.send_stream_data(sid, _frame(FrameType.HEADERS, section), True)
+            c.run(lambda: sid in c.ended or sid in c.resets, 10)
+            assert c.closed is None, (value, c.closed)
+            if want == "reset":
+                assert c.resets.get(sid) == ErrorCode.H3_MESSAGE_ERROR, (value, c.resets)
+            else:
+                assert sid not in c.resets and _status(c.data[sid]) == want, (value, c.data[sid])
+    finally:
+        c.close()
+
+
+def _status(stream: bytes) -> int:
+    """The final :status of a response stream (its first HEADERS frame that is not a 1xx,
+    decoded by pylsqpack: a page with early hints has a 103 first)."""
+    import pylsqpack
+    buf, n = bytes(stream), 0
+    while n < len(buf):
+        ftype, n = _varint(buf, n)
+        length, n = _varint(buf, n)
+        if ftype == FrameType.HEADERS:
+            _, headers = pylsqpack.Decoder(0, 0).feed_header(0, buf[n:n + length])
+            status = int(dict(headers)[b":status"])
+            if status >= 200:
+                return status
+        n += length
+    raise AssertionError(f"no final HEADERS in {buf[:40]!r}")
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    size = 1 << (buf[i] >> 6)
+    v = buf[i] & 0x3F
+    for b in buf[i + 1:i + size]:
+        v = (v << 8) | b
+    return v, i + size
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ from typing import Callable
 import qh3.h3.connection as _h3_module
 from qh3._hazmat import encode_uint_var, pull_quic_header
 from qh3.h3.connection import H3_ALPN, ErrorCode, FrameType, \
-    H3Connection, HeadersState, MessageError, Setting, encode_frame
+    H3Connection, HeadersState, MessageError, ProtocolError, Setting, encode_frame
 from qh3.h3.events import HeadersReceived
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnectionError
@@ -232,12 +232,49 @@ class _H3(H3Connection):
     """qh3's HTTP/3 layer without its H3_DATAGRAM setting: qh3 announces it whatever the
     transport parameters say, and a client (aioquic's) refuses the connection when the
     server's ``max_datagram_frame_size`` is absent (RFC 9297 §2.1.1). Nothing here speaks
-    HTTP datagrams."""
+    HTTP datagrams. And a malformed request is a stream error, not qh3's connection error
+    (``handle_event``)."""
+
+    def __init__(self, quic) -> None:
+        super().__init__(quic)
+        self.malformed: set[int] = set()  # request streams reset as malformed, still open
 
     def _get_local_settings(self) -> dict[int, int]:
         settings = super()._get_local_settings()
         settings.pop(Setting.H3_DATAGRAM, None)
         return settings
+
+    def handle_event(self, event) -> list:
+        """qh3's, except that a malformed request (``MessageError``: its fields, or a body
+        that is not its content-length) is what RFC 9114 §4.1.2 says it is, a stream error
+        of type H3_MESSAGE_ERROR: the stream is reset and stopped, what more comes on it
+        is dropped, and the client's other requests go on (HTTP/2's RST_STREAM). qh3
+        closed the whole connection for it."""
+        cls = event.__class__
+        if cls is StreamDataReceived and event.stream_id % 4 == 0 and not self._is_done:
+            sid, bad = event.stream_id, self.malformed
+            if sid in bad:
+                if event.end_stream:
+                    bad.discard(sid)
+                return []
+            try:
+                return self._receive_stream_data(event)
+            except MessageError:
+                if not event.end_stream:
+                    bad.add(sid)
+                quic = self._quic
+                if quic.send_room(sid) is not None:
+                    quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
+                if not event.end_stream:
+                    quic.stop_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
+                return []
+            except ProtocolError as exc:  # a connection error: as qh3's own handle_event
+                self._is_done = True
+                self._quic.close(error_code=exc.error_code, reason_phrase=exc.reason_phrase)
+                return []
+        if cls is StreamReset:
+            self.malformed.discard(event.stream_id)
+        return super().handle_event(event)
 
 
 # RFC 9114 §4.2, RFC 9113 §8.2.1, over every name (or value) of a request joined by NULs:
@@ -289,14 +326,11 @@ def validate_request(headers, stream=None) -> None:
             continue
         after = True
         if key == b"content-length":
-            try:
-                n = int(value)
-                if n < 0:
-                    raise ValueError
-            except ValueError:
-                raise MessageError("content-length is not a non-negative integer") from None
-            if stream:
-                stream.expected_content_length = n
+            # RFC 9110 §8.6: digits only (``int`` also takes "1_0" and "+7"). Another value
+            # is not a length the body is held to: it goes on in the head, and the core
+            # answers it 400 (as HTTP/1.1 and HTTP/2 do).
+            if stream and value.isdigit() and len(value) <= 18:
+                stream.expected_content_length = int(value)
         elif key == b"te":
             if value.lower() != b"trailers":
                 raise MessageError(f"Header {key!r} value is not trailers")
@@ -307,6 +341,14 @@ def validate_request(headers, stream=None) -> None:
 
 
 _h3_module.validate_request_headers = validate_request
+
+
+def _declares_content(headers) -> bool:
+    """Whether a Content-Length of digits other than 0 is among ``headers``."""
+    for key, value in headers:
+        if key == b"content-length" and value.isdigit() and value.strip(b"0"):
+            return True
+    return False
 
 
 def _date_field(now: float) -> bytes:
@@ -409,7 +451,10 @@ class _Conn:
         self.since = now
         head, line = _synthetic_head(h.headers)
         app = self.app
-        if head is None:  # malformed (RFC 9114 §4.1.2): a stream error
+        if head is None or (h.stream_ended and _declares_content(h.headers)):
+            # Malformed (RFC 9114 §4.1.2): a stream error. A request that ends with its
+            # HEADERS has no content, so a Content-Length other than 0 is not its length
+            # (qh3 checks none; HTTP/2 resets the same request).
             self.quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
             return
         if len(head) > app.limits.head:
