@@ -17,7 +17,7 @@ import socket
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from aioquic.buffer import encode_uint_var
 from aioquic.h3.connection import H3_ALPN, ErrorCode, FrameType, StreamType
@@ -475,6 +475,8 @@ _PSEUDOS = [(b":method", b"GET"), (b":authority", b"localhost"), (b":scheme", b"
 
 @settings(max_examples=300, deadline=None)
 @given(st.booleans(), st.lists(st.tuples(_names, _values), max_size=6))
+@example(True, [(b"content-length", b" x")])  # not digits, and not a valid value either
+@example(True, [(b"content-length", b"1_0"), (b"content-length", b"7")])
 def test_the_fast_request_check_judges_as_aioquics(valid_start, fields):
     """h3.validate_request (installed in qh3's HTTP/3 layer) rejects exactly the
     header lists aioquic's own validate_request_headers rejects, and notes the same
@@ -490,7 +492,11 @@ def test_the_fast_request_check_judges_as_aioquics(valid_start, fields):
     from orisha.protocols.h3 import validate_request
     lengths = [v for k, v in headers if k == b"content-length"]
     digits = [int(v) for v in lengths if v.isdigit()]
-    as_digits = [(k, v if k != b"content-length" or v.isdigit() else b"0") for k, v in headers]
+
+    def as_digit(k: bytes, v: bytes) -> bytes:  # a valid field value only: " x" stays refused
+        fine = v.strip(b" \t") == v and not any(c in v for c in b"\r\n\0")
+        return b"0" if k == b"content-length" and not v.isdigit() and fine else v
+    as_digits = [(k, as_digit(k, v)) for k, v in headers]
     verdicts = []
     for check, fields in ((aioquics, as_digits), (validate_request, headers)):
         stream = H3Stream(0)
