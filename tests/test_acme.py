@@ -650,11 +650,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _holder_of(port: int, pids: list[int]) -> int:
-    """Which of ``pids`` holds the loopback TCP connection whose local port is ``port``."""
+def _holder_of(port: int, remote: int, pids: list[int]) -> int:
+    """Which of ``pids`` holds the loopback TCP connection from local port ``port`` to
+    ``remote``. Both ports: an earlier connection of the suite's from the same ephemeral
+    port may linger in TIME_WAIT (inode 0, and listed first: a proof's run took it)."""
     with open("/proc/net/tcp") as f:
         inode = next(row.split()[9] for row in f.read().splitlines()[1:]
-                     if int(row.split()[1].rsplit(":", 1)[1], 16) == port)
+                     if int(row.split()[1].rsplit(":", 1)[1], 16) == port
+                     and int(row.split()[2].rsplit(":", 1)[1], 16) == remote)
     for pid in pids:
         for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
@@ -683,7 +686,7 @@ def test_a_stopped_server_stops_its_acme_attempt_at_once(build, pki, tmp_path):
             time.sleep(0.05)
         kids = _children(s.proc.pid)
         assert held and len(kids) == 3, (kids, "".join(s.err))  # 2 workers and the helper
-        helper = _holder_of(held[0].getpeername()[1], kids)
+        helper = _holder_of(held[0].getpeername()[1], silent.getsockname()[1], kids)
         # A worker that cannot finish its stop at once (stopped) holds the server in its
         # graceful stop; the attempt must not wait for that, nor for the server's exit.
         worker = next(p for p in kids if p != helper)
