@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from conftest import DEMO, Server, demo_file, orisha
 from httpraw import exchange
-from tlsutil import pki  # noqa: F401  (a fixture)
+from tlsutil import _stop_servers, pki  # noqa: F401  (fixtures: servers stopped at the end when run alone)
 
 from orisha.embed.assemble import BUILTIN_404
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tlsutil import pki, tls_server  # noqa: F401  (pki: a fixture)
+from tlsutil import _stop_servers, pki, tls_server  # noqa: F401  (fixtures: servers stopped at the end when run alone)
 
 pytestmark = pytest.mark.slow  # a peer tool: ~1 min
 
