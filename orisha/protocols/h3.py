@@ -83,7 +83,7 @@ from ..core.connection import ERRORS, Close, Plan, Tail, log_line
 from ..core.dates import format_http_date
 from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
 from ..errors import ServeError
-from .h2 import _synthetic_head  # the one request → head mapping for HTTP/2 and HTTP/3
+from .h2 import _declared, _synthetic_head  # the one request → head mapping, and its length
 from .qpack_blocks import Sections, date_field
 from .quic_qh3 import ServerConnection
 from .quic_retry import RetryTokens
@@ -343,14 +343,6 @@ def validate_request(headers, stream=None) -> None:
 _h3_module.validate_request_headers = validate_request
 
 
-def _declares_content(headers) -> bool:
-    """Whether a Content-Length of digits other than 0 is among ``headers``."""
-    for key, value in headers:
-        if key == b"content-length" and value.isdigit() and value.strip(b"0"):
-            return True
-    return False
-
-
 def _date_field(now: float) -> bytes:
     second = int(now)
     if second != _date[0]:
@@ -451,7 +443,7 @@ class _Conn:
         self.since = now
         head, line = _synthetic_head(h.headers)
         app = self.app
-        if head is None or (h.stream_ended and _declares_content(h.headers)):
+        if head is None or (h.stream_ended and _declared(head) > 0):
             # Malformed (RFC 9114 §4.1.2): a stream error. A request that ends with its
             # HEADERS has no content, so a Content-Length other than 0 is not its length
             # (qh3 checks none; HTTP/2 resets the same request).
