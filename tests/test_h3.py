@@ -317,9 +317,44 @@ def test_an_established_connection_heard_from_for_the_idle_timeout_is_forgotten(
     headers, _, _ = _in_memory(ep, pki)
     assert headers[b":status"] == b"200"
     (c,) = ep.live
+    assert c.quic.confirming is False  # the client's handshake is confirmed
     ep.tick(c.heard + 4.9)
     assert ep.live == {c}
     ep.tick(c.heard + 5.1)
+    assert not ep.live and not ep.conns
+
+
+def test_a_connection_whose_client_has_not_confirmed_is_held_as_a_handshake(builds, pki):
+    """The same, but every datagram the endpoint sends once its handshake is complete is
+    lost (its HANDSHAKE_DONE among them): the client has not confirmed its handshake and
+    probes as a handshaking client does, backing off to 31 and 63 s, so the endpoint holds
+    the connection for ``quic_qh3.HANDSHAKE_HOLD`` of silence, not its idle timeout."""
+    from aioquic.quic.connection import QuicConnection
+    from orisha.core.connection import App
+    from orisha.protocols import h3
+    from orisha.protocols.quic_qh3 import HANDSHAKE_HOLD
+    from orisha.server import load_site
+    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 5))
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    config.load_verify_locations(pki.ca)
+    client = QuicConnection(configuration=config)
+    now, server_addr, client_addr = time.time(), ("127.0.0.1", 4433), ("127.0.0.1", 5555)
+    client.connect(server_addr, now)
+    for _ in range(50):
+        ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(now)], now)
+        if ep.live and all(c.quic._handshake_complete for c in ep.live):
+            break  # what the endpoint sends from here is lost
+        for payload, _, seg in ep.outgoing:
+            for i in range(0, len(payload), seg or len(payload)):
+                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
+        ep.sent(len(ep.outgoing), now)
+    (c,) = ep.live
+    assert c.quic.confirming is True and not client._handshake_confirmed
+    ep.tick(c.heard + 5.1)
+    assert ep.live == {c}
+    ep.tick(c.heard + HANDSHAKE_HOLD - 0.1)
+    assert ep.live == {c}
+    ep.tick(c.heard + HANDSHAKE_HOLD + 0.1)
     assert not ep.live and not ep.conns
 
 
@@ -353,6 +388,12 @@ def _in_memory(ep, pki, path: bytes = b"/"):
                     done.append(dict(e.headers))
             event = client.next_event()
         if done:
+            # the client's ACKs of the endpoint's last packets (the PING with its
+            # HANDSHAKE_DONE among them: quic_qh3.ServerConnection.confirming), due after
+            # its maximum ACK delay (25 ms: RFC 9000 §13.2.1)
+            at = now + 0.026
+            ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(at)], at)
+            ep.sent(len(ep.outgoing), at)  # what it answers is not this test's
             return done[0], ch3.sections[sid], sent
     raise AssertionError("no response")
 

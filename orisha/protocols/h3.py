@@ -85,7 +85,7 @@ from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
 from ..errors import ServeError
 from .h2 import _declared, _synthetic_head  # the one request → head mapping, and its length
 from .qpack_blocks import Sections, date_field
-from .quic_qh3 import ServerConnection
+from .quic_qh3 import HANDSHAKE_HOLD, ServerConnection
 from .quic_retry import RetryTokens
 from .tls import by_server_name
 
@@ -745,10 +745,15 @@ class Endpoint(_Admission):
         (RFC 9000 §10.1: nothing heard for it, the connection is forgotten, silently). The
         core keeps it itself only while it is at least ``quic_qh3.HANDSHAKE_HOLD``: under
         it, the core held a handshake that long but holds an established connection to
-        the client's own idle timeout (which may be longer) and no longer than that."""
+        the client's own idle timeout (which may be longer) and no longer than that. Until
+        the client has confirmed the handshake (``ServerConnection.confirming``) the hold
+        is a handshake's: such a client probes as a handshaking one does (RFC 9002 §6.2.2.1),
+        and a HANDSHAKE_DONE lost may wait for its probe at 63 s."""
         idle = self.config.idle_timeout if self.config is not None else None
+        hold = max(idle, HANDSHAKE_HOLD) if idle else None
         for c in list(self.live):
-            if idle and not c.handshaking and now - c.heard > idle:
+            if idle and not c.handshaking \
+                    and now - c.heard > (hold if c.quic.confirming else idle):
                 self._forget(c)
             elif self.stopping:
                 self._process(c, now)

@@ -23,6 +23,7 @@ import copy
 from qh3._hazmat import pull_quic_header
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 from qh3.quic.crypto import CIPHER_SUITES, derive_key_iv_hp
+from qh3.quic.events import PingAcknowledged
 from qh3.quic.packet import QuicErrorCode, QuicPacketType
 from qh3.tls import CipherSuite, Epoch, cipher_suite_hash, hkdf_expand_label, hkdf_extract
 
@@ -48,6 +49,9 @@ EARLY_RESENDS = 8
 # it outlives every probe lost but the one at 63 s. After the handshake the configured
 # idle timeout is the endpoint's to keep (h3.py ``Endpoint.tick``).
 HANDSHAKE_HOLD = 64.0
+# The uid of the PING sent with the HANDSHAKE_DONE frame: its acknowledgment says the client
+# has the 1-RTT packets of that flight (``ServerConnection.confirming``).
+CONFIRM_PING = 0x48445F444F4E45  # "HD_DONE"
 
 
 class ServerConnection(QuicConnection):
@@ -60,6 +64,15 @@ class ServerConnection(QuicConnection):
     # complete, for ``_resend_crypto``; and how many early resends are left.
     crypto: list | None = None
     resends = EARLY_RESENDS
+    # After the handshake, until the client is known to have confirmed it (RFC 9001 §4.1.2:
+    # its HANDSHAKE_DONE): None before the handshake is complete, True until the PING sent
+    # with the HANDSHAKE_DONE is acknowledged, then False. While True the endpoint holds the
+    # connection as long as a handshake (h3.py ``Endpoint.tick``): such a client's probes
+    # back off as a handshake's do. And how many more times a client's late Handshake
+    # packet may bring the HANDSHAKE_DONE again (``receive_datagram``).
+    confirming: bool | None = None
+    confirms = EARLY_RESENDS
+    losses = 0  # the core's count of packets lost when the last such PING was sent
 
     def _drain_core(self) -> None:
         """qh3's, put off while its core may hold stream reservations across a drain.
@@ -83,6 +96,27 @@ class ServerConnection(QuicConnection):
             if self.held:
                 return
         super()._drain_core()
+        if self.confirming is not False and self._handshake_complete:
+            self._confirmation()
+
+    def _confirmation(self) -> None:
+        """At the handshake's completion, a PING with the HANDSHAKE_DONE (qh3 has just queued
+        it); after, its acknowledgment taken out of the events (it ends ``confirming``). qh3
+        does not send a lost PING again: one is sent again whenever its core has declared
+        packets lost since the last (the PING's may be among them)."""
+        core = self._core
+        if self.confirming is None:
+            self.confirming, self.losses = True, core.loss_total
+            core.send_ping(CONFIRM_PING)
+            return
+        for event in self._events:
+            if event.__class__ is PingAcknowledged and event.uid == CONFIRM_PING:
+                self._events.remove(event)
+                self.confirming = False
+                return
+        if core.loss_total != self.losses:
+            self.losses = core.loss_total
+            core.send_ping(CONFIRM_PING)
 
     def built(self, now: float, most: int = 0) -> None:
         """Every datagram the core will build now (its first ``most`` if that is not 0),
@@ -102,7 +136,8 @@ class ServerConnection(QuicConnection):
         """Datagrams of one address, in order: once the handshake is complete (no more
         keys to install between packets) one call of the core for all of them and one
         drain of its events; before, one by one (``receive_datagram``)."""
-        if not self._handshake_complete or self._core is None:
+        if not self._handshake_complete or self._core is None \
+                or self.confirming and any(d and d[0] & 0x80 for d in datagrams):
             for data in datagrams:
                 self.receive_datagram(data, addr, now)
             return
@@ -173,7 +208,7 @@ class ServerConnection(QuicConnection):
             self.crypto.append(args)
         return QuicConnection._call_core(self, operation, *args)
 
-    def _resend_crypto(self) -> None:
+    def _resend_crypto(self, initial: bool = True) -> None:
         """The handshake's CRYPTO data queued again, Initial and Handshake, ahead of the probe
         timeout (RFC 9002 §6.2.3): a client datagram with an Initial packet and no Handshake
         packet after the server has answered says the client lacks the ServerHello (it has
@@ -181,10 +216,13 @@ class ServerConnection(QuicConnection):
         timer sends them again, which backs off on its own (1, 2, 4 … s) while the client's
         probes back off on theirs: at 30 % loss each way a client had probed for a minute,
         each probe answered with an ACK alone, until the server's idle timeout forgot it.
+        Without ``initial``, the Handshake data alone (a client with the Handshake keys has
+        the ServerHello). Only for a datagram that acknowledged nothing new: a client's
+        acknowledgment of part of the flight, not a probe, is the core's loss detection's.
         The anti-amplification limit still bounds what goes out (RFC 9000 §8.1)."""
         self.resends -= 1
         send, now = self._core.send_crypto, self._now
-        for _ in range(2):  # the ServerHello twice, each in a datagram of its own
+        for _ in range(2 if initial else 0):  # the ServerHello twice, a datagram each
             for epoch, offset, data in self.crypto:
                 if epoch == _INITIAL_EPOCH:
                     QuicConnection._call_core(self, send, epoch, offset, data)  # not kept again
@@ -209,7 +247,8 @@ class ServerConnection(QuicConnection):
                 return
             self.crypto = []
         answered = bool(self.crypto) and self.resends > 0  # this server's flight has gone
-        initial = handshake = False
+        complete, initial, handshake, late = self._handshake_complete, False, False, False
+        flight = self._core.bytes_in_flight
         length, offset, n = self._configuration.connection_id_length, 0, len(data)
         while offset < n:
             end, kind = _packet_end(data, offset, length)
@@ -221,12 +260,30 @@ class ServerConnection(QuicConnection):
                 self._learn_remote_source_cid(piece)
                 initial |= kind == _INITIAL
                 handshake |= kind == _HANDSHAKE
+            elif complete and kind == _HANDSHAKE:
+                late = True  # its keys are gone: the client has not confirmed the handshake
             self._drain_core()
             offset = end
         if self._handshake_complete:
             self.crypto = None
-        elif answered and initial and not handshake and self._core is not None:
+            if late and self.confirming and self.confirms > 0:
+                # RFC 9001 §4.1.2: a client sends Handshake packets until the HANDSHAKE_DONE
+                # confirms its handshake: this one's probe says it has none. Sent again at
+                # once — a HANDSHAKE_DONE lost otherwise waits for the server's own probe
+                # timer, which backs off as the client's probes do, and (keys discarded) the
+                # probe cannot even be acknowledged.
+                self.confirms -= 1
+                self._core.handshake_complete()  # queues a HANDSHAKE_DONE; nothing else again
+                self._core.send_ping(CONFIRM_PING)  # the first one's was lost with it, surely
+        elif self._core is None or not answered or self._core.bytes_in_flight != flight:
+            pass  # an acknowledgment of something new: not a probe (loss detection is qh3's)
+        elif initial and not handshake:
             self._resend_crypto()
+        elif handshake:
+            # The client has the Handshake keys, and its Handshake packet acknowledged nothing
+            # new: a probe (a PING) of a client that lacks some of this flight, which qh3
+            # would answer with an ACK alone. Its Handshake CRYPTO data again, as above.
+            self._resend_crypto(initial=False)
 
     def _learn_remote_source_cid(self, data: bytes) -> None:
         """The client's source connection ID, which its transport parameters must repeat
