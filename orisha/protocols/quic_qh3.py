@@ -54,11 +54,13 @@ HANDSHAKE_HOLD = 64.0
 CONFIRM_PING = 0x48445F444F4E45  # "HD_DONE"
 
 
-class ServerConnection(QuicConnection):
-    """A qh3 server connection whose datagrams are credited whole (see the module's docstring)."""
+class _Handshake(QuicConnection):
+    """What a qh3 server connection needs for handshakes under loss: its CRYPTO data sent
+    again to a client's probes ahead of the probe timeout (RFC 9002 §6.2.3), its
+    HANDSHAKE_DONE again to a client that has not confirmed (RFC 9001 §4.1.2), whether the
+    client has, and the core held ``HANDSHAKE_HOLD`` meanwhile. ``ServerConnection`` calls
+    these from its datagram path and gives ``built`` (what the core builds now)."""
 
-    held = False   # the last poll ended congestion-limited: the core may hold reservations
-    early: list | None = None  # datagrams built before a drain (``_drain_core``), not yet sent
     _now = 0.0     # the time of the input being handled (``_drain_core`` has no argument)
     # The CRYPTO data sent so far, as (epoch, offset, data): kept until the handshake is
     # complete, for ``_resend_crypto``; and how many early resends are left.
@@ -69,10 +71,105 @@ class ServerConnection(QuicConnection):
     # with the HANDSHAKE_DONE is acknowledged, then False. While True the endpoint holds the
     # connection as long as a handshake (h3.py ``Endpoint.tick``): such a client's probes
     # back off as a handshake's do. And how many more times a client's late Handshake
-    # packet may bring the HANDSHAKE_DONE again (``receive_datagram``).
+    # packet may bring the HANDSHAKE_DONE again (``_answer_probe``).
     confirming: bool | None = None
     confirms = EARLY_RESENDS
     losses = 0  # the core's count of packets lost when the last such PING was sent
+
+    def _confirmation(self) -> None:
+        """At the handshake's completion, a PING with the HANDSHAKE_DONE (qh3 has just queued
+        it); after, its acknowledgment taken out of the events (it ends ``confirming``). qh3
+        does not send a lost PING again: one is sent again whenever its core has declared
+        packets lost since the last (the PING's may be among them)."""
+        core = self._core
+        if self.confirming is None:
+            self.confirming, self.losses = True, core.loss_total
+            core.send_ping(CONFIRM_PING)
+            return
+        for event in self._events:
+            if event.__class__ is PingAcknowledged and event.uid == CONFIRM_PING:
+                self._events.remove(event)
+                self.confirming = False
+                return
+        if core.loss_total != self.losses:
+            self.losses = core.loss_total
+            core.send_ping(CONFIRM_PING)
+
+    def _create_core(self, remote_addr, initial_dcid: bytes, now: float) -> None:
+        """qh3's, with the core's idle timeout at least ``HANDSHAKE_HOLD`` (the transport
+        parameter the client is told is still the configuration's)."""
+        configuration = self._configuration
+        idle = configuration.idle_timeout
+        if idle is None or idle >= HANDSHAKE_HOLD:
+            return QuicConnection._create_core(self, remote_addr, initial_dcid, now)
+        self._configuration = copy.copy(configuration)
+        self._configuration.idle_timeout = HANDSHAKE_HOLD
+        try:
+            return QuicConnection._create_core(self, remote_addr, initial_dcid, now)
+        finally:
+            self._configuration = configuration
+
+    def _call_core(self, operation, *args):
+        """qh3's, also keeping the CRYPTO data TLS hands the core during the handshake."""
+        if self.crypto is not None and operation.__name__ == "send_crypto":
+            self.crypto.append(args)
+        return QuicConnection._call_core(self, operation, *args)
+
+    def _resend_crypto(self, initial: bool = True) -> None:
+        """The handshake's CRYPTO data queued again, Initial and Handshake, ahead of the probe
+        timeout (RFC 9002 §6.2.3): a client datagram with an Initial packet and no Handshake
+        packet after the server has answered says the client lacks the ServerHello (it has
+        no Handshake keys) or all of the flight after it. Without it only the server's probe
+        timer sends them again, which backs off on its own (1, 2, 4 … s) while the client's
+        probes back off on theirs: at 30 % loss each way a client had probed for a minute,
+        each probe answered with an ACK alone, until the server's idle timeout forgot it.
+        Without ``initial``, the Handshake data alone (a client with the Handshake keys has
+        the ServerHello). Only for a datagram that acknowledged nothing new: a client's
+        acknowledgment of part of the flight, not a probe, is the core's loss detection's.
+        The anti-amplification limit still bounds what goes out (RFC 9000 §8.1)."""
+        self.resends -= 1
+        send, now = self._core.send_crypto, self._now
+        for _ in range(2 if initial else 0):  # the ServerHello twice, a datagram each
+            for epoch, offset, data in self.crypto:
+                if epoch == _INITIAL_EPOCH:
+                    QuicConnection._call_core(self, send, epoch, offset, data)  # not kept again
+            self.built(now, 1)  # one datagram: not what a probe timeout queued after it
+        for epoch, offset, data in self.crypto:
+            if epoch != _INITIAL_EPOCH:
+                QuicConnection._call_core(self, send, epoch, offset, data)
+
+    def _answer_probe(self, answered: bool, initial: bool, handshake: bool, late: bool,
+                      flight: int) -> None:
+        """After a client datagram (``receive_datagram``: whether this server's flight had
+        gone, which authenticated packets it held, whether a Handshake packet came after the
+        handshake was complete, and the bytes in flight before it): what a probe gets."""
+        if self._handshake_complete:
+            self.crypto = None
+            if late and self.confirming and self.confirms > 0:
+                # RFC 9001 §4.1.2: a client sends Handshake packets until the HANDSHAKE_DONE
+                # confirms its handshake: this one's probe says it has none. Sent again at
+                # once — a HANDSHAKE_DONE lost otherwise waits for the server's own probe
+                # timer, which backs off as the client's probes do, and (keys discarded) the
+                # probe cannot even be acknowledged.
+                self.confirms -= 1
+                self._core.handshake_complete()  # queues a HANDSHAKE_DONE; nothing else again
+                self._core.send_ping(CONFIRM_PING)  # the first one's was lost with it, surely
+        elif self._core is None or not answered or self._core.bytes_in_flight != flight:
+            pass  # an acknowledgment of something new: not a probe (loss detection is qh3's)
+        elif initial and not handshake:
+            self._resend_crypto()
+        elif handshake:
+            # The client has the Handshake keys, and its Handshake packet acknowledged nothing
+            # new: a probe (a PING) of a client that lacks some of this flight, which qh3
+            # would answer with an ACK alone. Its Handshake CRYPTO data again, as above.
+            self._resend_crypto(initial=False)
+
+
+class ServerConnection(_Handshake):
+    """A qh3 server connection whose datagrams are credited whole (see the module's docstring)."""
+
+    held = False   # the last poll ended congestion-limited: the core may hold reservations
+    early: list | None = None  # datagrams built before a drain (``_drain_core``), not yet sent
 
     def _drain_core(self) -> None:
         """qh3's, put off while its core may hold stream reservations across a drain.
@@ -98,25 +195,6 @@ class ServerConnection(QuicConnection):
         super()._drain_core()
         if self.confirming is not False and self._handshake_complete:
             self._confirmation()
-
-    def _confirmation(self) -> None:
-        """At the handshake's completion, a PING with the HANDSHAKE_DONE (qh3 has just queued
-        it); after, its acknowledgment taken out of the events (it ends ``confirming``). qh3
-        does not send a lost PING again: one is sent again whenever its core has declared
-        packets lost since the last (the PING's may be among them)."""
-        core = self._core
-        if self.confirming is None:
-            self.confirming, self.losses = True, core.loss_total
-            core.send_ping(CONFIRM_PING)
-            return
-        for event in self._events:
-            if event.__class__ is PingAcknowledged and event.uid == CONFIRM_PING:
-                self._events.remove(event)
-                self.confirming = False
-                return
-        if core.loss_total != self.losses:
-            self.losses = core.loss_total
-            core.send_ping(CONFIRM_PING)
 
     def built(self, now: float, most: int = 0) -> None:
         """Every datagram the core will build now (its first ``most`` if that is not 0),
@@ -188,49 +266,6 @@ class ServerConnection(QuicConnection):
             < self._configuration.max_datagram_size
         return out
 
-    def _create_core(self, remote_addr, initial_dcid: bytes, now: float) -> None:
-        """qh3's, with the core's idle timeout at least ``HANDSHAKE_HOLD`` (the transport
-        parameter the client is told is still the configuration's)."""
-        configuration = self._configuration
-        idle = configuration.idle_timeout
-        if idle is None or idle >= HANDSHAKE_HOLD:
-            return QuicConnection._create_core(self, remote_addr, initial_dcid, now)
-        self._configuration = copy.copy(configuration)
-        self._configuration.idle_timeout = HANDSHAKE_HOLD
-        try:
-            return QuicConnection._create_core(self, remote_addr, initial_dcid, now)
-        finally:
-            self._configuration = configuration
-
-    def _call_core(self, operation, *args):
-        """qh3's, also keeping the CRYPTO data TLS hands the core during the handshake."""
-        if self.crypto is not None and operation.__name__ == "send_crypto":
-            self.crypto.append(args)
-        return QuicConnection._call_core(self, operation, *args)
-
-    def _resend_crypto(self, initial: bool = True) -> None:
-        """The handshake's CRYPTO data queued again, Initial and Handshake, ahead of the probe
-        timeout (RFC 9002 §6.2.3): a client datagram with an Initial packet and no Handshake
-        packet after the server has answered says the client lacks the ServerHello (it has
-        no Handshake keys) or all of the flight after it. Without it only the server's probe
-        timer sends them again, which backs off on its own (1, 2, 4 … s) while the client's
-        probes back off on theirs: at 30 % loss each way a client had probed for a minute,
-        each probe answered with an ACK alone, until the server's idle timeout forgot it.
-        Without ``initial``, the Handshake data alone (a client with the Handshake keys has
-        the ServerHello). Only for a datagram that acknowledged nothing new: a client's
-        acknowledgment of part of the flight, not a probe, is the core's loss detection's.
-        The anti-amplification limit still bounds what goes out (RFC 9000 §8.1)."""
-        self.resends -= 1
-        send, now = self._core.send_crypto, self._now
-        for _ in range(2 if initial else 0):  # the ServerHello twice, a datagram each
-            for epoch, offset, data in self.crypto:
-                if epoch == _INITIAL_EPOCH:
-                    QuicConnection._call_core(self, send, epoch, offset, data)  # not kept again
-            self.built(now, 1)  # one datagram: not what a probe timeout queued after it
-        for epoch, offset, data in self.crypto:
-            if epoch != _INITIAL_EPOCH:
-                QuicConnection._call_core(self, send, epoch, offset, data)
-
     def receive_datagram(self, data: bytes, addr, now: float) -> None:
         self._now = now
         if self._handshake_complete and data and not data[0] & 0x80 \
@@ -264,26 +299,7 @@ class ServerConnection(QuicConnection):
                 late = True  # its keys are gone: the client has not confirmed the handshake
             self._drain_core()
             offset = end
-        if self._handshake_complete:
-            self.crypto = None
-            if late and self.confirming and self.confirms > 0:
-                # RFC 9001 §4.1.2: a client sends Handshake packets until the HANDSHAKE_DONE
-                # confirms its handshake: this one's probe says it has none. Sent again at
-                # once — a HANDSHAKE_DONE lost otherwise waits for the server's own probe
-                # timer, which backs off as the client's probes do, and (keys discarded) the
-                # probe cannot even be acknowledged.
-                self.confirms -= 1
-                self._core.handshake_complete()  # queues a HANDSHAKE_DONE; nothing else again
-                self._core.send_ping(CONFIRM_PING)  # the first one's was lost with it, surely
-        elif self._core is None or not answered or self._core.bytes_in_flight != flight:
-            pass  # an acknowledgment of something new: not a probe (loss detection is qh3's)
-        elif initial and not handshake:
-            self._resend_crypto()
-        elif handshake:
-            # The client has the Handshake keys, and its Handshake packet acknowledged nothing
-            # new: a probe (a PING) of a client that lacks some of this flight, which qh3
-            # would answer with an ACK alone. Its Handshake CRYPTO data again, as above.
-            self._resend_crypto(initial=False)
+        self._answer_probe(answered, initial, handshake, late, flight)
 
     def _learn_remote_source_cid(self, data: bytes) -> None:
         """The client's source connection ID, which its transport parameters must repeat
