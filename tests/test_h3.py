@@ -269,7 +269,8 @@ def test_every_built_section_decodes_to_its_head(builds):
     """site.py's sections (qpack_blocks.section of each head) decode, with pylsqpack, to the
     head's own fields: the static table and literals are right."""
     from pylsqpack import Decoder
-    from orisha.protocols.hpack_blocks import CONNECTION_FIELDS, variants
+    from orisha.protocols.fields import CONNECTION_FIELDS
+    from orisha.protocols.hpack_blocks import variants
     from orisha.protocols.qpack_blocks import section
     from orisha.server import load_site
     site = load_site(builds["notfound"])

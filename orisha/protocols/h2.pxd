@@ -77,7 +77,6 @@ cpdef bytes _framed(Py_ssize_t ftype, Py_ssize_t flags, Py_ssize_t sid, bytes pa
                     bytes tail, Py_ssize_t data=*)
 @cython.locals(second=Py_ssize_t)
 cpdef bytes _date_field(double now)
-cpdef Py_ssize_t _declared(head) except? -2
 
 
 cdef class H2Connection:

@@ -54,7 +54,6 @@ grow the output: memory per connection stays one read plus bounded state.
 
 from __future__ import annotations
 
-import re
 import struct
 from collections import deque
 
@@ -68,11 +67,11 @@ except ImportError:  # no Cython installed: the pure module
     _COMPILED = False
 
 from ..blob import FileRegion
-from ..core.connection import ERRORS, Close, Plan, Tail, log_line
-from ..core.dates import format_http_date
+from ..core.connection import log_line
 from ..core.hosts import Hosts
-from ..core.policy import CONNECT, LINGER, Stat
-from .hpack_blocks import CONNECTION_FIELDS, REF, TABLE_SIZE, Blocks, date_field, size_update
+from ..core.policy import LINGER, Stat
+from .fields import PerSecond, declared_length, error_plan, synthetic_head
+from .hpack_blocks import REF, TABLE_SIZE, Blocks, date_field, size_update
 from ..core.outgoing import consume
 
 # The hot path's constants as module globals (C integers in the compiled module).
@@ -104,9 +103,6 @@ _CALM_MAX = 400              # work-without-response frames a connection may sen
 _CALM_PER_SECOND = 100       # …and per second after it
 _MEMO_MAX = 256              # header blocks memoised per connection (see ``_decode``)
 _SENT_MAX = 64               # our blocks memoised per connection (see ``_block``)
-_BAD_NAME = re.compile(rb"[\x00-\x20A-Z:\x7f-\xff]")     # §8.2.1 (":" only as the pseudo prefix)
-_BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")  # §8.2.1
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length: ([^\r]*)")
 
 
 # Fixed-width packing (one C call; the compiled h2 types these ints as C integers, where a
@@ -140,16 +136,14 @@ def _framed(ftype: int, flags: int, sid: int, payload: bytes, tail: bytes,
 _SETTINGS_ACK = _frame(0, SETTINGS, ACK, 0)
 _BLOCKS = Blocks()
 _OUR_SETTINGS: dict = {}  # header-list limit → our first SETTINGS frame (H2Connection)
-# The one per-second part of a header block: the second, its HPACK date field.
-_date_second, _date_bytes = -1, b""
+_DATE = PerSecond(date_field)  # the one per-second part of a header block: its Date
 
 
 def _date_field(now: float) -> bytes:
-    global _date_second, _date_bytes
+    """``_DATE``'s field for ``now``, read without a call within its second."""
+    date = _DATE
     second = int(now)
-    if second != _date_second:
-        _date_second, _date_bytes = second, date_field(format_http_date(second))
-    return _date_bytes
+    return date.field if second == date.second else date(now)
 
 
 def take(site) -> None:
@@ -160,11 +154,6 @@ def take(site) -> None:
         _BLOCKS.take(site.sites[0], site)
     else:
         _BLOCKS.take(site)
-
-
-def _error(status: int) -> Plan:
-    head, body = ERRORS[status]
-    return Plan(head, Tail.KEEP_ALIVE, body, Close.NO, 0, status)
 
 
 # What a header block is (``_Block.kind``): every kind is decoded (HPACK state).
@@ -196,18 +185,6 @@ class _Body:
 
     def __init__(self, length: int) -> None:
         self.length, self.got, self.window, self.send = length, 0, _WINDOW, None
-
-
-def _declared(head: bytes | None) -> int:
-    """The content-length of a synthetic head, or -1 when it has none the DATA can be held
-    to (absent, repeated with different values, not digits: the core answers those 400)."""
-    # find(), not ``in``: bytes.__contains__ first tries its argument as an int, and the
-    # TypeError it makes and drops (message formatted) cost ~6% of an h2 request (perf).
-    if head is None or head.find(b"\r\ncontent-length: ") < 0:
-        return -1
-    values = set(_CONTENT_LENGTH.findall(head))
-    value = values.pop() if len(values) == 1 else b""
-    return int(value) if value.isdigit() and len(value) <= 18 else -1
 
 
 class H2Connection:
@@ -583,8 +560,8 @@ class H2Connection:
             self._reset(sid, Error.PROTOCOL_ERROR)
 
     def _decode(self, block: bytes) -> tuple | None:
-        """(synthetic head, log line, its declared content-length: ``_declared``) for a
-        header block; None after a decoding error.
+        """(synthetic head, log line, its declared content-length:
+        ``fields.declared_length``) for a header block; None after a decoding error.
 
         Clients repeat requests as the same bytes: indexed fields, and literals *without*
         indexing for what they never index (nghttp2 keeps ``:path`` out of the table). A
@@ -736,9 +713,9 @@ class H2Connection:
         if head is None:
             return self._reset(sid, Error.PROTOCOL_ERROR)  # §8.1.1 malformed
         if self.refuse:
-            plan = _error(503)
+            plan = error_plan(503)
         elif len(head) > self.head_max:
-            plan = _error(431)  # RFC 9113 §10.5.1
+            plan = error_plan(431)  # RFC 9113 §10.5.1
         else:
             plan = self.plans.get(head)
             if plan is None:
@@ -935,8 +912,8 @@ def _first_block(decoder: Decoder, block: bytes) -> tuple:
     a browser: its ``:authority``, ``user-agent``…, Huffman-coded literals). The ``hpack``
     library decodes Huffman in Python: ~150-300 µs per new connection, a third of the CPU
     of a full TLS handshake with one h2 request (measured: 1,050 µs against nginx's 775);
-    the synthetic head and its checks (``_synthetic_head``, ``_declared``: regular
-    expressions) are the same for the same fields, ~30k instructions more per connection
+    the synthetic head and its checks (``fields.synthetic_head``, ``declared_length``:
+    regular expressions) are the same for the same fields, ~30k instructions more per connection
     (callgrind). A hit puts back the table the decoding left: its entries (newest first)
     and the size ``HeaderTable.add`` counted for them (``_current_size``: the ``hpack``
     table's own count, which decides its evictions; tests/test_h2.py compares the whole
@@ -954,59 +931,11 @@ def _first_block(decoder: Decoder, block: bytes) -> tuple:
                 table._current_size = hit[2]
             return hit[0]
     fields = decoder.decode(block, raw=True)
-    head, line = _synthetic_head(fields)
-    pair = (head, line, _declared(head))
+    head, line = synthetic_head(fields)
+    pair = (head, line, declared_length(head))
     if pristine and table.maxsize == HeaderTable.DEFAULT_SIZE and len(block) <= _FIRST_BLOCK_MAX:
         if len(_FIRST) >= _FIRST_MAX:
             _FIRST.clear()
         _FIRST[key] = (pair, tuple(table.dynamic_entries), table._current_size)
     return pair
-
-
-def _synthetic_head(fields) -> tuple[bytes | None, bytes]:
-    """(the HTTP/1.1 head ``answer()`` takes, the access-log request line), or (None, b"")
-    for a malformed request (RFC 9113 §8.2, §8.3)."""
-    method = path = scheme = authority = host = None
-    lines = [b""]
-    cookies = []
-    regular = False
-    for name, value in fields:
-        if name[:1] == b":":
-            if regular:
-                return None, b""
-            if name == b":method" and method is None:
-                method = value
-            elif name == b":path" and path is None:
-                path = value
-            elif name == b":scheme" and scheme is None:
-                scheme = value
-            elif name == b":authority" and authority is None:
-                authority = value
-            else:
-                return None, b""  # unknown, repeated or a response pseudo-header
-            continue
-        regular = True
-        if not name or _BAD_NAME.search(name) or _BAD_VALUE.search(value):
-            return None, b""
-        if name in CONNECTION_FIELDS or (name == b"te" and value != b"trailers"):
-            return None, b""  # §8.2.2
-        if name == b"cookie":
-            cookies.append(value)  # §8.2.3: crumbs are joined again for HTTP/1.1
-        elif name == b"host":
-            host = value
-        else:
-            lines.append(name + b": " + value)
-    if method is None:
-        return None, b""
-    if method == CONNECT:
-        if path is not None or scheme is not None or authority is None:
-            return None, b""  # §8.5
-        path = authority
-    elif not path or scheme is None:
-        return None, b""
-    if cookies:
-        lines.append(b"cookie: " + b"; ".join(cookies))
-    lines[0] = b"%s %s HTTP/1.1\r\nhost: %s" % (method, path, authority if authority is not None
-                                                  else host or b"")
-    return b"\r\n".join(lines), b"%s %s HTTP/2.0" % (method, path)
 

@@ -79,11 +79,11 @@ from qh3.tls import Alert, pull_client_hello
 from qh3._hazmat import BufferReadError
 
 from ..blob import FileRegion
-from ..core.connection import ERRORS, Close, Plan, Tail, log_line
-from ..core.dates import format_http_date
+from ..core.connection import log_line
 from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
 from ..errors import ServeError
-from .h2 import _declared, _synthetic_head  # the one request → head mapping, and its length
+from .fields import CONNECTION_FIELDS, PerSecond, declared_length, error_plan, invalid, \
+    synthetic_head
 from .qpack_blocks import Sections, date_field
 from .quic_qh3 import HANDSHAKE_HOLD, ServerConnection
 from .quic_retry import RetryTokens
@@ -115,7 +115,7 @@ WINDOW = 16 * 1024
 FRAME_HEADS = 4
 _WHOLE = (FrameType.HEADERS, FrameType.SETTINGS, FrameType.PUSH_PROMISE)
 _SECTIONS = Sections()
-_date = [-1, b""]  # (second, QPACK date field line)
+_DATE = PerSecond(date_field)  # the one per-second part of a section: its Date
 
 
 @dataclasses.dataclass
@@ -277,30 +277,8 @@ class _H3(H3Connection):
         return super().handle_event(event)
 
 
-# RFC 9114 §4.2, RFC 9113 §8.2.1, over every name (or value) of a request joined by NULs:
-# a NUL is never valid in either, so the joins keep the fields apart (their count is checked).
-# Names: none of \x01-\x20, A-Z, \x7f-\xff (what deleting every other byte leaves), and a
-# colon only where a name starts. Values: no CR or LF, no space or tab at either end. Byte
-# operations, not regular expressions: a third of the cost (these run on every request).
-_NAME_OK = bytes(b for b in range(256) if not (0x01 <= b <= 0x20 or 0x41 <= b <= 0x5A or b >= 0x7F))
-_EDGE = (b" ", b"\t")
-
-
-def _bad_names(names: bytes) -> bool:
-    return bool(names.translate(None, _NAME_OK)) \
-        or names.count(b":") != names.count(b"\0:") + (names[:1] == b":")
-
-
-def _bad_values(v: bytes) -> bool:
-    return (b"\r" in v or b"\n" in v or b"\0 " in v or b"\0\t" in v or b" \0" in v
-            or b"\t\0" in v or v[:1] in _EDGE or v[-1:] in _EDGE)
-
-
 _PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
 _NEEDED = frozenset((b":method", b":authority"))
-# RFC 9114 §4.2: fields that are connection-specific in HTTP/1.1 make a request malformed.
-CONNECTION_SPECIFIC_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
-                                         b"transfer-encoding", b"upgrade"))
 
 
 def validate_request(headers, stream=None) -> None:
@@ -312,11 +290,7 @@ def validate_request(headers, stream=None) -> None:
     it receives."""
     after = False
     seen = set()
-    names = b"\0".join([k for k, _ in headers])
-    values = b"\0".join([v for _, v in headers])
-    n = len(headers) - 1
-    if (_bad_names(names) or _bad_values(values)
-            or names.count(0) != n or values.count(0) != n) and headers:
+    if invalid([k for k, _ in headers], [v for _, v in headers]):
         raise MessageError("A field name or value has invalid characters")
     for key, value in headers:
         if key[:1] == b":":
@@ -334,25 +308,13 @@ def validate_request(headers, stream=None) -> None:
         elif key == b"te":
             if value.lower() != b"trailers":
                 raise MessageError(f"Header {key!r} value is not trailers")
-        elif key in CONNECTION_SPECIFIC_HEADERS:
+        elif key in CONNECTION_FIELDS:
             raise MessageError(f"Header {key!r} is connection-specific")
     if not _NEEDED <= seen:
         raise MessageError(f"Pseudo-headers {sorted(_NEEDED - seen)} are missing")
 
 
 _h3_module.validate_request_headers = validate_request
-
-
-def _date_field(now: float) -> bytes:
-    second = int(now)
-    if second != _date[0]:
-        _date[0], _date[1] = second, date_field(format_http_date(second))
-    return _date[1]
-
-
-def _error(status: int) -> Plan:
-    head, body = ERRORS[status]
-    return Plan(head, Tail.KEEP_ALIVE, body, Close.NO, 0, status)
 
 
 class _Conn:
@@ -441,18 +403,18 @@ class _Conn:
             return
         self.last_sid = max(self.last_sid, sid)
         self.since = now
-        head, line = _synthetic_head(h.headers)
+        head, line = synthetic_head(h.headers)
         app = self.app
-        if head is None or (h.stream_ended and _declared(head) > 0):
+        if head is None or (h.stream_ended and declared_length(head) > 0):
             # Malformed (RFC 9114 §4.1.2): a stream error. A request that ends with its
             # HEADERS has no content, so a Content-Length other than 0 is not its length
             # (qh3 checks none; HTTP/2 resets the same request).
             self.quic.reset_stream(sid, ErrorCode.H3_MESSAGE_ERROR)
             return
         if len(head) > app.limits.head:
-            plan = _error(431)
+            plan = error_plan(431)
         elif self.handshaking and head[:head.find(b" ")] not in SAFE_METHODS:
-            plan = _error(TOO_EARLY)  # before the handshake completes: it came as 0-RTT
+            plan = error_plan(TOO_EARLY)  # before the handshake completes: it came as 0-RTT
         else:
             plan = app.plans.get(head)
             if plan is None:
@@ -474,7 +436,7 @@ class _Conn:
         if app.log_lines is not None:
             app.log_lines.append(log_line(self.peer, now, line, status, len(body),
                                           b"" if app.hosts is None else app.hosts.label(request)))
-        section = _SECTIONS.get(head) + _date_field(now)
+        section = _SECTIONS.get(head) + _DATE(now)
         frames = encode_frame(FrameType.HEADERS, section)
         if _SECTIONS.early:
             # RFC 8297, RFC 9114 §4.1: the 103 of a page with early hints, its HEADERS

@@ -36,6 +36,7 @@ from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
 
 from ..core.site import Entry, Guarded, Rules
+from .fields import CONNECTION_FIELDS
 
 _STATIC = HeaderTable.STATIC_TABLE
 _INDEXED: dict[tuple[bytes, bytes], int] = {}
@@ -44,9 +45,6 @@ for _i, (_name, _value) in enumerate(_STATIC, 1):
     _INDEXED.setdefault((_name, _value), _i)
     _NAMED.setdefault(_name, _i)
 _HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
-# RFC 9113 §8.2.2: connection-specific fields are never sent over HTTP/2.
-CONNECTION_FIELDS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
-                               b"transfer-encoding", b"upgrade"))
 _MEMO_MAX = 8192  # blocks memoised per worker beyond the site's own heads (see Blocks)
 
 

@@ -28,7 +28,8 @@ from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
-from .hpack_blocks import CONNECTION_FIELDS, hint_links, variants
+from .fields import CONNECTION_FIELDS
+from .hpack_blocks import hint_links, variants
 
 # RFC 9204 Appendix A: the static table, index 0 to 98 (a test decodes with pylsqpack).
 STATIC = (

@@ -22,7 +22,7 @@ from hpack.table import HeaderTable
 # The Python layer's bounds are module constants there; read, never retyped.
 from ...core.policy import CONNECT
 from ...protocols import h2 as py_h2
-from ...protocols.hpack_blocks import CONNECTION_FIELDS
+from ...protocols.fields import CONNECTION_FIELDS
 from ...errors import BuildError
 from .policy_header import write_header
 
@@ -71,7 +71,7 @@ def _static() -> list[str]:
 
 
 # The names a request's header block is read by (RFC 9113 §8.3, §8.2.2, §8.2.3), as
-# h2.py's _synthetic_head reads them; Host comes from policy.h's field names.
+# fields.synthetic_head reads them; Host comes from policy.h's field names.
 PSEUDO = (b":method", b":path", b":scheme", b":authority")
 COOKIE, TE, TRAILERS = b"cookie", b"te", b"trailers"
 
