@@ -8,6 +8,7 @@ booted unikernel image. ``TARGETS`` lists them; test ids carry the name.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -248,6 +249,9 @@ SLOW_TARGETS = {*UNIKERNELS, "container"}
 
 
 def pytest_collection_modifyitems(config, items):
+    seed = os.environ.get("ORISHA_TEST_SHUFFLE")
+    if seed:
+        _shuffle(items, seed)
     for item in items:
         params = getattr(item, "callspec", None)
         values = set(map(str, params.params.values())) if params else set()
@@ -255,3 +259,38 @@ def pytest_collection_modifyitems(config, items):
                 or values & SLOW_TARGETS
                 or any(w in item.name.lower() for w in ("chromium", "container"))):
             item.add_marker(pytest.mark.slow)
+
+
+def _wide_params(item) -> tuple:
+    """The values of ``item``'s parametrised fixtures of module scope or wider."""
+    spec = getattr(item, "callspec", None)
+    info = getattr(item, "_fixtureinfo", None)
+    if spec is None or info is None:
+        return ()
+    return tuple(sorted((name, str(spec.params[name]))
+                        for name, defs in info.name2fixturedefs.items()
+                        if name in spec.params and defs[-1].scope != "function"))
+
+
+def _shuffle(items: list, seed: str) -> None:
+    """ORISHA_TEST_SHUFFLE=SEED (issue 45: "the suite passes in a random order"): the modules
+    in a random order, and each module's tests in a random order, except that the tests of
+    one value of a module-wide parametrised fixture (a server per loop) stay together, as
+    that fixture is made once per value. Printed, so that an order that fails can be had
+    again."""
+    rnd = random.Random(seed)
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(str(item.fspath), []).append(item)
+    order = list(modules)
+    rnd.shuffle(order)
+    items[:] = []
+    for name in order:
+        group = modules[name]
+        rnd.shuffle(group)
+        groups: dict = {}
+        for item in group:
+            groups.setdefault(_wide_params(item), []).append(item)
+        for key in rnd.sample(list(groups), len(groups)):
+            items.extend(groups[key])
+    print(f"orisha: tests shuffled (ORISHA_TEST_SHUFFLE={seed})", file=sys.stderr)
