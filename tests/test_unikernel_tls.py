@@ -808,7 +808,7 @@ def test_mbedtls_moves_its_blocks_without_calls(vm):
     word reads) are inlined, not calls to libc.c's rep movsb: the Makefile builds mbedTLS
     with -fbuiltin after -ffreestanding. Without it gcm.o alone made 64 such calls and the
     guest's AES-GCM ran at 21 cycles a byte instead of 6 (unikernel/README.md)."""
-    from orisha.targets.unikernel.image import build_dirs, unikernel_dir
+    from orisha.targets.unikernel.kernel import build_dirs, unikernel_dir
     objects = os.path.join(build_dirs(unikernel_dir())[0], "mbedtls")
     for name in ("gcm.o", "aes.o"):
         r = subprocess.run(["objdump", "-dr", os.path.join(objects, name)], capture_output=True,

@@ -316,7 +316,7 @@ def _stamp(objdir: str, name: str) -> str:
 
 
 def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path):
-    from orisha.targets.unikernel.image import DIGEST, build_dirs, tree_digest, tree_files
+    from orisha.targets.unikernel.kernel import DIGEST, build_dirs, tree_digest, tree_files
     exe = os.path.join(installed, "orisha")
     out = str(tmp_path / "out")
     (src,) = glob.glob(os.path.join(os.path.dirname(installed), "lib", "python3*", "site-packages",

@@ -85,7 +85,7 @@ def _error_response(status: int) -> tuple[bytes, bytes]:
 
 
 # The built-in error responses: status → (head without Date, body). The C core's
-# image carries these same bytes (orisha/targets/unikernel/image.py).
+# image carries these same bytes (orisha/targets/unikernel/layout.py).
 ERRORS = {status: _error_response(status) for status in ERROR_PAGES}
 # Only a server of several sites answers it (not a page of the booted image's table).
 _MISDIRECTED = _error_response(MISDIRECTED)

@@ -30,7 +30,7 @@ struct core_limits core_limits = {
 #undef CORE_LIMIT_DEFAULT
 };
 
-/* ---- the site image (orisha/targets/unikernel/image.py; layouts in policy.h) ---------- */
+/* ---- the site image (orisha/targets/unikernel/layout.py; layouts in policy.h) ---------- */
 
 static const uint8_t *img;
 static const struct image_header *H;

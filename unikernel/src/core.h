@@ -1,6 +1,6 @@
 /*
  * The request core: an interpreter of the site image `orisha build --loop
- * unikernel` writes (orisha/targets/unikernel/image.py). It is the C twin of the
+ * unikernel` writes (orisha/targets/unikernel/layout.py). It is the C twin of the
  * Python core in orisha/core/ and must answer every request head with the
  * same bytes. It is sans-I/O like its twin: the lwIP glue (http.c) feeds it
  * bytes and the time, and writes the segments of one response at a time.

@@ -1,7 +1,7 @@
 /*
  * HTTP on lwIP's raw TCP API: accepts connections on port 80 and runs the
  * request core (core.h) over them. The image is the site image written by
- * `orisha build --loop unikernel` (orisha/targets/unikernel/image.py); limits come from
+ * `orisha build --loop unikernel` (orisha/targets/unikernel/layout.py); limits come from
  * the kernel command line as orisha.<name>=<value>, one option per limit in
  * POLICY_LIMITS (the generated policy.h: orisha/core/policy.py LIMITS with kernel
  * set, e.g. orisha.head_timeout=S, orisha.body=B).

@@ -4,7 +4,7 @@ Strategy: the unikernel target wraps the build step (orisha/embed/build.py) rath
 being called from inside it. Its own options are checked first — the certificate and key
 built into the image (``certs.check``), and Basic auth refused (the image has no bcrypt)
 — then the build runs with ``loop="unikernel"`` and hands its documents (``Built``) to
-``image.write``, which lays them out as the C core's site image and links the kernel into
+``kernel.write``, which lays them out as the C core's site image and links the kernel into
 the same temporary folder, so OUT is replaced only when both are complete.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ...embed.build import Result, build as build_server
 from ...errors import BuildError
-from . import certs, image
+from . import certs, kernel
 
 
 def build(site: str, out: str, *, tls: tuple[str, str] | None = None,
@@ -24,6 +24,6 @@ def build(site: str, out: str, *, tls: tuple[str, str] | None = None,
     checked = certs.check(*tls) if tls else None  # before anything is built
 
     def link(tmp: str, built) -> None:
-        image.write(tmp, built.docs, built.table, built.not_found, built.fallback,
-                    built.runtime, checked, built.assets)
+        kernel.write(tmp, built.docs, built.table, built.not_found, built.fallback,
+                     built.runtime, checked, built.assets)
     return build_server(site, out, loop=loop, also=link, **options)

@@ -8,7 +8,7 @@ HTTP/2 forbids come from ``orisha/protocols/h2.py`` and ``hpack_blocks.py``, so
 both layers answer the same frames the same way. The Huffman code is canonical
 (checked here): it is emitted as, per code length, the first code, the number of
 codes and where its symbols start in a list sorted by (length, code), which
-decodes bit by bit without a tree. ``image.link`` writes the header next to
+decodes bit by bit without a tree. ``kernel.link`` writes the header next to
 ``policy.h``; by hand: ``python -m orisha.targets.unikernel.h2_tables OUTDIR``.
 """
 

@@ -10,8 +10,8 @@ tokens naming them (``core/site.py``, ``core/negotiate.py``), the saturation bou
 of numbers (``negotiate.RANGE_MAX``, ``dates.YEAR_MAX``), the bounds of several ranges
 (``ranges.py``), the bytes a Location keeps (``matcher.LOCATION_SAFE``), the TLS
 layer's answer to a plain HTTP request on its port (``protocols/tls.py``), and the site image's record
-layouts (``image.RECORDS``) as C structs whose sizes and offsets are asserted at
-compile time. ``image.link`` writes it into the kernel's object directory before
+layouts (``layout.RECORDS``) as C structs whose sizes and offsets are asserted at
+compile time. ``kernel.link`` writes it into the kernel's object directory before
 ``make``; by hand: ``python -m orisha.targets.unikernel.policy_header OUTDIR``.
 """
 
@@ -23,7 +23,7 @@ import sys
 from ...core import dates, matcher, negotiate, policy, ranges, request, site
 from ...errors import BuildError
 from ...protocols import tls
-from . import image
+from . import layout
 
 NAME = "policy.h"
 
@@ -151,16 +151,16 @@ def _codings() -> list[str]:
     return lines
 
 
-def _record(rec: image.Record) -> list[str]:
+def _record(rec: layout.Record) -> list[str]:
     struct_name = f"struct image_{rec.name}"
     members, checks, spans = [], [], []
     offset = 0
     for name, kind in rec.fields:
-        suffixes = image.KINDS[kind][1]
+        suffixes = layout.KINDS[kind][1]
         if kind == "choice":
-            members.append(f"    uint8_t {name}[{image.MASKS}];")
+            members.append(f"    uint8_t {name}[{layout.MASKS}];")
             checks.append((name, offset))
-            offset += image.MASKS
+            offset += layout.MASKS
             continue
         members.append("    uint32_t %s;" % ", ".join(name + s for s in suffixes))
         for s in suffixes:
@@ -180,21 +180,21 @@ def _record(rec: image.Record) -> list[str]:
 
 
 def _image() -> list[str]:
-    lines = ["/* The site image (image.py): constants, and every record as a struct. A",
+    lines = ["/* The site image (layout.py): constants, and every record as a struct. A",
              " * span is bytes elsewhere in the image (_off, _len), a table records",
              " * (_off, _n); IMAGE_<RECORD>_SPANS lists a record's spans. */",
-             f"#define IMAGE_MAGIC {image.MAGIC:#x}u", f"#define IMAGE_VERSION {image.VERSION}u",
-             f"#define IMAGE_NONE {image.NONE:#x}u", f"#define IMAGE_NO_VARIANT {image.NO_VARIANT:#x}",
-             f"#define IMAGE_ROUTE_ENTRY {image.ROUTE_ENTRY}",
-             f"#define IMAGE_ROUTE_REDIRECT {image.ROUTE_REDIRECT}",
-             f"#define IMAGE_ROUTE_NONE {image.ROUTE_NONE}",
-             f"#define IMAGE_ROUTE_QUERY {image.ROUTE_QUERY}",
-             f"#define IMAGE_ENTRY_CONDITIONAL {image.ENTRY_CONDITIONAL}",
-             f"#define IMAGE_MASKS {image.MASKS}",
-             *(f"#define IMAGE_{name} {getattr(image, name)}" for name in
+             f"#define IMAGE_MAGIC {layout.MAGIC:#x}u", f"#define IMAGE_VERSION {layout.VERSION}u",
+             f"#define IMAGE_NONE {layout.NONE:#x}u", f"#define IMAGE_NO_VARIANT {layout.NO_VARIANT:#x}",
+             f"#define IMAGE_ROUTE_ENTRY {layout.ROUTE_ENTRY}",
+             f"#define IMAGE_ROUTE_REDIRECT {layout.ROUTE_REDIRECT}",
+             f"#define IMAGE_ROUTE_NONE {layout.ROUTE_NONE}",
+             f"#define IMAGE_ROUTE_QUERY {layout.ROUTE_QUERY}",
+             f"#define IMAGE_ENTRY_CONDITIONAL {layout.ENTRY_CONDITIONAL}",
+             f"#define IMAGE_MASKS {layout.MASKS}",
+             *(f"#define IMAGE_{name} {getattr(layout, name)}" for name in
                ("PIECE_TEXT", "PIECE_SEGMENT", "PIECE_SPLAT", "PIECE_QUOTED", "PIECE_RAW",
                 "PIECES_MAX", "SLOTS_MAX", "URL_MAX"))]
-    for rec in image.RECORDS:
+    for rec in layout.RECORDS:
         lines += ["", *_record(rec)]
     return lines
 
