@@ -39,7 +39,9 @@ def static(name: str, root: str, fallback: str | None = None,
 def serve(site: StaticSite, port: int = 8080, host: str = "127.0.0.1",
           workers: int | None = None, loop: str | None = None) -> int:
     """Build ``site`` (into a cache folder) and serve it until SIGTERM/SIGINT."""
-    from .cli import build_into_cache
+    from .embed.build import into_cache, summary
     from .server import run
-    out = build_into_cache(site.root, fallback=site.fallback, not_found=site.not_found)
+    r = into_cache(site.root, fallback=site.fallback, not_found=site.not_found)
+    print(summary(r), flush=True)
+    out = r.out
     return run(out, host=host, port=port, workers=workers, loop=loop)

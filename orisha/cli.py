@@ -7,19 +7,18 @@ as ``orisha: error: …`` with exit status 1 — never a traceback.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 
 import click
 
 from . import manifest
+from .compiled import describe as loop_bodies
 from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import BuildError, OrishaError
-from .loops import BUILD_CHOICES as LOOPS
-from .loops import describe as loop_bodies
+from .targets import BUILD_CHOICES as LOOPS
 from .targets import booted
 
 
@@ -84,17 +83,6 @@ def _cache_controls(values: tuple[str, ...]) -> list[tuple[str, str]]:
             _fail(f"--cache-control {v!r}: expected GLOB=VALUE, e.g. 'assets/*=public, max-age=600'")
         out.append((pattern, value))
     return out
-
-
-def _summary(r) -> str:
-    ident = r.bytes["identity"] or 1
-    parts = [f"{c} {r.bytes[c]:,} ({r.bytes[c] / ident:.0%})" for c in ("gzip", "br", "zstd")
-             if r.bytes[c]]
-    return (f"built {r.out}: {r.files} files, {r.bytes['identity']:,} bytes"
-            + (f"; {', '.join(parts)} of identity" if parts else "")
-            + (f"; {r.dictionaries} dictionaries, {r.deltas} dcz deltas {r.bytes['dcz']:,} bytes, "
-               f"history {r.history_bytes:,} bytes" if getattr(r, "dictionaries", 0) else "")
-            + f" in {r.seconds:.1f}s")
 
 
 @click.group(cls=_Group)
@@ -169,7 +157,8 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
                 fallback_all=fallback_all, strict_links=strict_links, basic_auth=basic_auth,
                 early_hints=not no_early_hints, keep=0 if no_dictionaries else keep,
                 tls=(tls_cert, tls_key) if tls_cert else None)
-    click.echo(_summary(r))
+    from .embed.build import summary
+    click.echo(summary(r))
 
 
 def _limit_options(f):
@@ -316,15 +305,11 @@ def health(url, timeout) -> None:
 
 
 def build_into_cache(site: str, **options) -> str:
-    """Build a site directory into a per-site cache folder and return it."""
-    if not os.path.isdir(site):
-        raise BuildError(f"{site}: neither an Orisha build nor a site directory")
-    key = hashlib.blake2b(os.path.realpath(site).encode(), digest_size=8).hexdigest()
-    out = manifest.cache_root("builds", key)
-    from .embed.build import build as run_build
-    r = run_build(site, out, progress=sys.stdout.isatty(), **options)
-    click.echo(_summary(r))
-    return out
+    """Build a site directory into its cache folder, say so, and return the folder."""
+    from .embed.build import into_cache, summary
+    r = into_cache(site, progress=sys.stdout.isatty(), **options)
+    click.echo(summary(r))
+    return r.out
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from typing import Callable, NamedTuple
 from . import assemble, auth, compress, dictionaries, emit, links, rules
 from .. import manifest
 from ..errors import BuildError
-from ..loops import BUILD_CHOICES as LOOPS
 from .dictionaries import DEFAULT_KEEP
 from .walk import SourceFile, walk
 
@@ -147,8 +146,6 @@ def _not_found(docs: "_Documents", not_found: str | None, overrides):
 def _check_options(site: str, out: str, loop: str, basic_auth, fallback, not_found):
     """The options checked before anything is built: (auth areas, the fallback and
     not-found documents)."""
-    if loop not in LOOPS:
-        raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
     areas = [auth.parse_option(v) for v in basic_auth]
     if not os.path.isdir(site):
         raise BuildError(f"{site}: no such directory" if not os.path.exists(site)
@@ -458,3 +455,24 @@ def replace_dir(out: str, fill: Callable[[str], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def summary(r: Result) -> str:
+    """The one line a build ends with: what it made, how small, how long."""
+    ident = r.bytes["identity"] or 1
+    parts = [f"{c} {r.bytes[c]:,} ({r.bytes[c] / ident:.0%})" for c in ("gzip", "br", "zstd")
+             if r.bytes[c]]
+    return (f"built {r.out}: {r.files} files, {r.bytes['identity']:,} bytes"
+            + (f"; {', '.join(parts)} of identity" if parts else "")
+            + (f"; {r.dictionaries} dictionaries, {r.deltas} dcz deltas {r.bytes['dcz']:,} bytes, "
+               f"history {r.history_bytes:,} bytes" if getattr(r, "dictionaries", 0) else "")
+            + f" in {r.seconds:.1f}s")
+
+
+def into_cache(site: str, **options) -> Result:
+    """Build a site directory into its per-site cache folder (``Result.out``): what
+    ``orisha serve SITE_DIR`` and ``orisha.serve`` serve."""
+    if not os.path.isdir(site):
+        raise BuildError(f"{site}: neither an Orisha build nor a site directory")
+    key = hashlib.blake2b(os.path.realpath(site).encode(), digest_size=8).hexdigest()
+    return build(site, manifest.cache_root("builds", key), **options)

@@ -45,9 +45,6 @@ LIBRARIES = {"epoll": (), "io-uring": ("liburing", "dynamic_import"), "kqueue": 
 # Loops that can run in a Linux container (kqueue needs a BSD kernel).
 LINUX = ("epoll", "io-uring", "asyncio")
 
-# What ``orisha build --loop`` accepts: the hosted loops, auto, and the booted image.
-BUILD_CHOICES = (*MODULES, "auto", "unikernel")
-
 
 _PROBED: dict[str, str | None] = {}
 
@@ -177,17 +174,6 @@ def compiled_core_loaded() -> bool:
 def build(loop_cls) -> str:
     """"compiled" or "pure": which body a class ``load`` returned is (for the start-up line)."""
     return "compiled" if loop_cls.__module__ in COMPILED.values() else "pure"
-
-
-def describe() -> str:
-    """Which body each compiled-capable loop would run, which core, which TLS layer and which
-    HTTP/2 layer, e.g. "epoll compiled, io-uring pure, core compiled, tls compiled, h2 compiled"."""
-    from ..core import connection
-    from ..protocols import h2, tls  # tls: its layer is chosen once, at its import
-    core = "pure" if connection.__file__.endswith(".py") else "compiled"
-    frames = "pure" if h2.__file__.endswith(".py") else "compiled"
-    return ", ".join([f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
-                      for name in COMPILED] + [f"core {core}", f"tls {tls.LAYER}", f"h2 {frames}"])
 
 
 def load(name: str, datagrams: bool = False):

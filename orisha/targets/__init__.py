@@ -2,8 +2,8 @@
 
 - ``container``: ``build`` freezes Orisha into one static executable with the build
   appended; ``runtime`` is that executable's entry point.
-- ``unikernel``: ``build`` wraps the build step and adds the image, which ``image`` lays
-  out for the C core and links with the kernel; ``boot`` runs it under QEMU;
+- ``unikernel``: ``build`` wraps the build step and adds the image, which ``layout`` lays
+  out for the C core and ``kernel`` links with the kernel; ``boot`` runs it under QEMU;
   ``policy_header`` writes the C core's policy header.
 
 Strategy: a target wraps the build (orisha/embed/build.py knows no target). ``build``
@@ -15,13 +15,18 @@ from __future__ import annotations
 
 from .. import manifest
 from ..errors import BuildError
+from ..loops import MODULES
 
-UNIKERNEL = "unikernel"  # the loop name that means the booted image (loops.BUILD_CHOICES)
+UNIKERNEL = "unikernel"  # the loop name that means the booted image
+# What ``orisha build --loop`` accepts: the hosted loops, auto, and the booted image.
+BUILD_CHOICES = (*MODULES, "auto", UNIKERNEL)
 
 
 def build(site: str, out: str, *, target: str = "server", loop: str = "auto",
           tls: tuple[str, str] | None = None, **options):
     """Build ``site`` into ``out`` for ``target`` (``server``/``container``) and ``loop``."""
+    if loop not in BUILD_CHOICES:
+        raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(BUILD_CHOICES)})")
     if target == "container":
         from .container.build import build as builder
     elif loop == UNIKERNEL:

@@ -45,7 +45,8 @@ import time
 
 from . import runtime
 from ... import manifest
-from ...embed.build import LOOPS, Result, build as build_server
+from ...embed.build import Result, build as build_server
+from .. import BUILD_CHOICES
 from ...errors import BuildError
 from ...loops import COMPILED, LIBRARIES, LINUX, MODULES
 
@@ -379,8 +380,8 @@ def build(site: str, out: str, *, loop: str = "auto", log=lambda m: print(m, fil
           **options) -> Result:
     """Build ``site`` into ``out`` as an ordinary build plus the container executable."""
     started = time.monotonic()
-    if loop not in LOOPS:
-        raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(LOOPS)})")
+    if loop not in BUILD_CHOICES:
+        raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(BUILD_CHOICES)})")
     if not manifest.replaceable(out):
         raise BuildError(f"{out}: exists and is not an Orisha build; refusing to replace it")
     docker_file = dockerfile()  # these two before touching OUT: a failure leaves it as it was
