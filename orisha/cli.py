@@ -13,7 +13,6 @@ import sys
 import click
 
 from . import manifest
-from .compiled import describe as loop_bodies
 from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
@@ -83,6 +82,18 @@ def _cache_controls(values: tuple[str, ...]) -> list[tuple[str, str]]:
             _fail(f"--cache-control {v!r}: expected GLOB=VALUE, e.g. 'assets/*=public, max-age=600'")
         out.append((pattern, value))
     return out
+
+
+def loop_bodies() -> str:
+    """Which body each compiled-capable loop would run, which core, which TLS layer and which
+    HTTP/2 layer, e.g. "epoll compiled, io-uring pure, core compiled, tls compiled, h2 compiled"."""
+    from .core import connection
+    from .loops import COMPILED, MODULES, module
+    from .protocols import h2, tls  # tls: its layer is chosen once, at its import
+    core = "pure" if connection.__file__.endswith(".py") else "compiled"
+    frames = "pure" if h2.__file__.endswith(".py") else "compiled"
+    return ", ".join([f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
+                      for name in COMPILED] + [f"core {core}", f"tls {tls.LAYER}", f"h2 {frames}"])
 
 
 @click.group(cls=_Group)

@@ -115,15 +115,3 @@ def choose() -> None:
         sources[module] = source
     if sources:
         sys.meta_path.insert(0, _PureCore(sources))
-
-
-def describe() -> str:
-    """Which body each compiled-capable loop would run, which core, which TLS layer and which
-    HTTP/2 layer, e.g. "epoll compiled, io-uring pure, core compiled, tls compiled, h2 compiled"."""
-    from .core import connection
-    from .loops import COMPILED, MODULES, module
-    from .protocols import h2, tls  # tls: its layer is chosen once, at its import
-    core = "pure" if connection.__file__.endswith(".py") else "compiled"
-    frames = "pure" if h2.__file__.endswith(".py") else "compiled"
-    return ", ".join([f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
-                      for name in COMPILED] + [f"core {core}", f"tls {tls.LAYER}", f"h2 {frames}"])

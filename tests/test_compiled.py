@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from httpraw import Conn
 
-from orisha import compiled, loops
+from orisha import loops
+from orisha.cli import loop_bodies
 from orisha.compiled import H2_MODULE, compiled_core, compiled_file
 
 BUILT = (all(importlib.util.find_spec(m) is not None for m in loops.COMPILED.values())
@@ -155,7 +156,7 @@ def test_install_without_cython_is_pure_and_works(tmp_path):
 def test_loops_module_names_the_pure_module_under_orisha_pure(monkeypatch):
     monkeypatch.setenv("ORISHA_PURE", "1")
     assert all(loops.module(n) == loops.MODULES[n] for n in loops.COMPILED)
-    assert re.fullmatch(r"(\S+ (compiled|pure)(, )?)+", compiled.describe())
+    assert re.fullmatch(r"(\S+ (compiled|pure)(, )?)+", loop_bodies())
 
 
 # The compiled io_uring body on older kernels' paths: single-shot accept (before 5.19),
