@@ -99,10 +99,13 @@ def probe(family: int, addr, kind: int = socket.SOCK_STREAM,
         s.close()
 
 
-def holder(port: int, udp: bool = False) -> str | None:
+def holder(port: int, udp: bool = False, host: str | None = None) -> str | None:
     """"pid N: COMMAND" of the process that listens on ``port`` (``udp``: is bound to the
-    UDP port), when /proc tells."""
-    inodes = _listening_inodes(port, udp)
+    UDP port), when /proc tells. With ``host`` (an address), a listener on it or on its
+    family's wildcard address: the one a bind there collides with, not another server's
+    on the same port number elsewhere (127.0.0.2, ::1); any listener on the port when
+    none of those is seen."""
+    inodes = _listening_inodes(port, udp, _clashing(host))
     if not inodes:
         return None
     pids = set()
@@ -127,8 +130,31 @@ def holder(port: int, udp: bool = False) -> str | None:
     return f"pid {pid}: {cmd[:200]}" if cmd else f"pid {pid}"
 
 
-def _listening_inodes(port: int, udp: bool = False) -> set[str]:
-    inodes = set()
+def _clashing(host: str | None) -> set[bytes] | None:
+    """The local addresses (packed, 4 or 16 bytes) whose listeners a bind on ``host`` meets:
+    itself and its family's wildcard (an IPv4 address also as IPv6's mapped one and ``::``,
+    a dual-stack listener's); None (any) for a wildcard or a name."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            packed = socket.inet_pton(family, host or "")
+        except OSError:
+            continue
+        if not packed.strip(b"\0"):
+            return None  # a wildcard meets every listener on the port
+        if family == socket.AF_INET:
+            return {packed, bytes(4), bytes(10) + b"\xff\xff" + packed, bytes(16)}
+        return {packed, bytes(16)}
+    return None
+
+
+def _local_address(hexed: str) -> bytes:
+    """/proc/net/{tcp,udp}{,6}'s local address: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hexed)
+    return b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+
+
+def _listening_inodes(port: int, udp: bool = False, clashing: set | None = None) -> set[str]:
+    inodes, others = set(), set()
     for name in (("/proc/net/udp", "/proc/net/udp6") if udp else
                  ("/proc/net/tcp", "/proc/net/tcp6")):
         try:
@@ -138,10 +164,13 @@ def _listening_inodes(port: int, udp: bool = False) -> set[str]:
             continue
         for row in rows:
             fields = row.split()
-            if fields[3] == (_UNCONNECTED if udp else _LISTEN) \
-                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
+            address, _, hexport = fields[1].rpartition(":")
+            if fields[3] == (_UNCONNECTED if udp else _LISTEN) and int(hexport, 16) == port:
+                if clashing is None or _local_address(address) in clashing:
+                    inodes.add(fields[9])
+                else:
+                    others.add(fields[9])
+    return inodes or others
 
 
 def _listdir(path: str) -> list[str]:

@@ -152,7 +152,7 @@ def _group(host: str, port: int, family: int, addr, count: int, share: bool,
 def _taken(host: str, port: int, e: OSError) -> str:
     if e.errno != errno.EADDRINUSE:
         return f"{host}:{port}: {e.strerror}"
-    who = ports.holder(port)
+    who = ports.holder(port, host=host)
     return f"{host}:{port}: port {port} is already in use" + (f" by {who}" if who else "")
 
 
@@ -171,7 +171,7 @@ def datagram_sockets(host: str, port: int, count: int, v6only: bool = False) -> 
 def _taken_udp(host: str, port: int, e: OSError) -> str:
     if e.errno != errno.EADDRINUSE:
         return f"{host}:{port}/udp: {e.strerror} (--no-http3 serves without it)"
-    who = ports.holder(port, udp=True)
+    who = ports.holder(port, udp=True, host=host)
     return (f"{host}:{port}/udp: port {port}/udp is already in use" + (f" by {who}" if who else "")
             + " (--no-http3 serves without HTTP/3)")
 

@@ -71,6 +71,29 @@ def test_port_in_use_is_one_line(builds):
         + open(f"/proc/{os.getpid()}/cmdline").read().replace("\0", " ").strip()[:200])
 
 
+def test_the_holder_named_is_the_one_on_that_address(builds):
+    """Another listener on the same port number elsewhere (127.0.0.2, this test's own, whose
+    pid is the lower) is not the one named: the holder of 127.0.0.1's port is (a child
+    process). Before, any listener on the port number counted, and the lowest pid won."""
+    with socket.socket() as elsewhere:
+        elsewhere.bind(("127.0.0.2", 0))
+        elsewhere.listen()
+        port = elsewhere.getsockname()[1]
+        code = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
+                "print('ok', flush=True); sys.stdin.read()" % port)
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline() == "ok\n"
+            r = orisha("serve", builds["notfound"], "--port", str(port), timeout=30)
+        finally:
+            child.stdin.close()
+            child.wait(30)
+    assert r.returncode == 1 and r.stderr.startswith(
+        f"orisha: error: 127.0.0.1:{port}: port {port} is already in use by pid {child.pid}: "), \
+        r.stderr
+
+
 def test_not_a_build_is_one_line(tmp_path):
     r = orisha("serve", str(tmp_path / "missing"), timeout=30)
     assert r.returncode == 1 and r.stderr.startswith("orisha: error: ") and len(r.stderr.splitlines()) == 1
