@@ -27,7 +27,55 @@ def _python_files():
                 yield os.path.join(dirpath, n)
 
 
+def _cython_files():
+    for dirpath, dirs, names in os.walk(ORISHA):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for n in sorted(names):
+            if n.endswith((".pyx", ".pxd")):
+                yield os.path.join(dirpath, n)
+
+
+# A Cython function: ``def``, ``cpdef`` or ``cdef`` (not a class, struct or extern block)
+# with a parameter list, its signature (over one or more lines) ending in a colon.
+_CDEF = re.compile(r"^(\s*)(?:async\s+def|def|cpdef|cdef(?!\s+(?:class|struct|enum|extern|union)\b))\b")
+
+
+def _cython_functions(text: str):
+    """(line, name, lines) of each function with a body in a .pyx or .pxd source: from its
+    first line to its last line indented deeper than it (comments and blank lines past the
+    last statement not counted). The ``ast`` module cannot read Cython."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = _CDEF.match(line)
+        if not m or "(" not in line:
+            continue
+        j, sig = i, line
+        while not re.search(r":\s*(#.*)?$", sig) and j + 1 < len(lines) \
+                and sig.count("(") > sig.count(")"):
+            j += 1
+            sig += lines[j]
+        if not re.search(r":\s*(#.*)?$", sig):
+            continue  # a declaration (a .pxd's, or a cdef variable): no body
+        indent, last = len(m.group(1)), j
+        for k in range(j + 1, len(lines)):
+            code = lines[k].strip()
+            if code and not code.startswith("#"):
+                if len(lines[k]) - len(lines[k].lstrip()) <= indent:
+                    break
+                last = k
+        yield i + 1, re.search(r"(\w+)\s*\(", sig).group(1), last - i + 1
+
+
+def test_cython_functions_are_measured():
+    """The reader above, on a piece of Cython whose lengths are known."""
+    text = ("cdef class A:\n    cdef int x\n    cdef int f(self, int a,\n               int b) nogil:\n"
+            "        return a\n\n        # a comment\n    def g(self):\n        pass\n"
+            "cpdef bytes h(double now)\n")
+    assert list(_cython_functions(text)) == [(3, "f", 3), (8, "g", 2)]
+
+
 def test_no_function_in_orisha_is_longer_than_60_lines():
+    """Python by its syntax tree, and the compiled sources (.pyx, .pxd) by their indents."""
     long = []
     for path in _python_files():
         tree = ast.parse(open(path, encoding="utf-8").read())
@@ -36,6 +84,10 @@ def test_no_function_in_orisha_is_longer_than_60_lines():
                 lines = node.end_lineno - node.lineno + 1
                 if lines > 60:
                     long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    for path in _cython_files():
+        for line, name, lines in _cython_functions(open(path, encoding="utf-8").read()):
+            if lines > 60:
+                long.append(f"{os.path.relpath(path, ROOT)}:{line} {name} ({lines} lines)")
     assert not long, long
 
 

@@ -92,7 +92,6 @@ cdef class Loop:
         cdef double now, next_tick
         cdef bint accepting = True, paused = False
         cdef _Conn c
-        cdef ssize_t got
         cdef object deadline = None, pump = self.pump
         cdef dict conns = self.conns
         self._watch(self.lfd, READ, False)
@@ -121,41 +120,16 @@ cdef class Loop:
                         self._forget(self.lfd)
                     continue
                 c = conns.get(fd)
-                if c is None:
-                    continue
-                # A hang-up or error is surfaced as readable: recv returns 0 or fails.
-                if c.calls == NULL:  # Sniffing: its class is chosen by its first read
-                    c.calls = calls_of(&self.kinds, c.conn)
-                if ev & (EPOLLIN | EPOLLHUP | EPOLLERR) and seam.wants_read(c.calls, c.conn):
-                    got = recv(fd, _recv_buf, RECV, 0)
-                    if got < 0:
-                        if errno == EAGAIN or errno == EINTR:  # spurious readiness
-                            continue
-                        self._close(c)  # ECONNRESET and friends end this connection only
-                        continue
-                    seam.receive(c.calls, c.conn, PyBytes_FromStringAndSize(_recv_buf, got), now)
-                    if c.calls == NULL:
-                        c.calls = calls_of(&self.kinds, c.conn)
-                    if c.first and seam.outgoing(c.calls, c.conn):  # its first response (_stop)
-                        if c.first == LATE:
-                            c.conn.shutdown(now)
-                        c.first = ANSWERED
-                self._flush(c, now)
+                if c is not None:
+                    self._ready(c, ev, now)
             if pump is not None:
                 self._udp(pump.due(now))
             if now >= next_tick:
                 next_tick = now + 1
-                if pump is not None:
-                    pump.ep.tick(now)
-                    self._udp(pump.flush(now))
-                self.app.tick(now)
-                release_maps()
+                self._second(now)
                 if paused and accepting:
                     self._watch(self.lfd, READ, False)
                     paused = False
-                for c in list(conns.values()):
-                    c.conn.tick(now)
-                    self._flush(c, now)
             if deadline is not None and now > deadline:
                 for c in list(conns.values()):
                     self._close(c)
@@ -167,6 +141,42 @@ cdef class Loop:
             pump.ep.close()
         self.app.tick(_now())  # last counters and log lines
         c_close(self.ep)
+
+    cdef _ready(self, _Conn c, unsigned int ev, double now):
+        """A connection's readiness: what its socket holds, handed to its layer; then what
+        the layer has to send. A hang-up or error is surfaced as readable: recv returns 0
+        or fails."""
+        cdef ssize_t got
+        if c.calls == NULL:  # Sniffing: its class is chosen by its first read
+            c.calls = calls_of(&self.kinds, c.conn)
+        if ev & (EPOLLIN | EPOLLHUP | EPOLLERR) and seam.wants_read(c.calls, c.conn):
+            got = recv(c.fd, _recv_buf, RECV, 0)
+            if got < 0:
+                if errno != EAGAIN and errno != EINTR:  # else spurious readiness
+                    self._close(c)  # ECONNRESET and friends end this connection only
+                return
+            seam.receive(c.calls, c.conn, PyBytes_FromStringAndSize(_recv_buf, got), now)
+            if c.calls == NULL:
+                c.calls = calls_of(&self.kinds, c.conn)
+            if c.first and seam.outgoing(c.calls, c.conn):  # its first response (_stop)
+                if c.first == LATE:
+                    c.conn.shutdown(now)
+                c.first = ANSWERED
+        self._flush(c, now)
+
+    cdef _second(self, double now):
+        """Once a second: the datagram side's and the app's ticks, and every connection's
+        time limits."""
+        cdef _Conn c
+        pump = self.pump
+        if pump is not None:
+            pump.ep.tick(now)
+            self._udp(pump.flush(now))
+        self.app.tick(now)
+        release_maps()
+        for c in list(self.conns.values()):
+            c.conn.tick(now)
+            self._flush(c, now)
 
     cdef _udp(self, bint flushed):
         """Watch the UDP socket for writing too while its sends wait for buffer space."""
