@@ -525,17 +525,7 @@ def _helper_child(sup, sock: socket.socket, m: Manager) -> None:
     """The forked helper: never returns."""
     code = 0
     try:
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        for s in [sup.admin] + sup.socks:
-            if s is not None:
-                s.close()
-        for fd in (sup.wake_r, sup.wake_w):
-            os.close(fd)
-        from .supervisor import _die_with
-        _die_with(sup.pid)
+        sup.forked_helper()
         sock.setblocking(True)
         try:
             _issue(m, sock)

@@ -471,6 +471,21 @@ class Supervisor:
         if self.acme:
             self.acme.forked()  # the worker holds no end of the ACME helper's pipe
 
+    def forked_helper(self) -> None:
+        """In a helper forked from the supervisor (the ACME client): its signal handling
+        back to the defaults, what is the supervisor's own closed (the admin port, the
+        listeners, the wake-up pipe), and a SIGTERM when the supervisor dies."""
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for s in [self.admin] + self.socks:
+            if s is not None:
+                s.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+        _die_with(self.pid)
+
     def start(self) -> None:
         for sig in _HANDLED:
             signal.signal(sig, lambda signo, _f: self.got.append(signo))
