@@ -36,7 +36,7 @@ cdef inline bytes _c_slice(bytes buf, Py_ssize_t start, Py_ssize_t end):
     return PyBytes_FromStringAndSize(PyBytes_AS_STRING(buf) + start, end - start)
 
 
-cdef inline int _c_clear(list items) except -1:
+cdef inline int c_clear(list items) except -1:
     return PyList_SetSlice(items, 0, PyList_GET_SIZE(items), NULL)
 
 

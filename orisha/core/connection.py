@@ -264,7 +264,7 @@ class Connection:
         self.since = now
         if n >= self.out_bytes:  # the common case, inline: everything was written
             if _COMPILED:
-                _c_clear(self.out)  # list.clear in C, not a method call by name
+                c_clear(self.out)  # list.clear in C, not a method call by name
             else:
                 self.out.clear()
             self.out_bytes = 0

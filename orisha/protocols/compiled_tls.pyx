@@ -40,7 +40,7 @@ from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_New
 
 from ..core cimport seam
-from ..core.connection cimport _c_clear  # list.clear in C (the core's helper)
+from ..core.connection cimport c_clear  # list.clear in C (the core's helper)
 from ..core.seam cimport Calls, Kinds, ORISHA_CALLS, calls_of, kinds_init
 
 from ..blob import FileRegion
@@ -400,7 +400,7 @@ cdef class TlsConnection:
     cpdef sent(self, Py_ssize_t n, double now):
         self.since = now
         if n >= self.cipher_bytes:  # all written, the common case: no Python call
-            _c_clear(self.cipher)
+            c_clear(self.cipher)
             self.cipher_bytes = 0
         else:
             self.cipher_bytes = consume(self.cipher, self.cipher_bytes, n)
