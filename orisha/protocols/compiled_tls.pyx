@@ -15,7 +15,7 @@ Python properties; so this module loads only beside the compiled h2 (tls.py).
 
 The ``SSL_CTX``s are this module's own (``Context``), made from the PEM bytes that
 ``tls.context`` read (``ctx.pem``) and the policy of that ``ssl.SSLContext``: its
-options, minimum and maximum versions and ticket count, ``tls._TLS12_CIPHERS`` and ``tls.TLS13_SUITES`` (which the stdlib cannot set),
+options, minimum and maximum versions and ticket count, ``tls.TLS12_CIPHERS`` and ``tls.TLS13_SUITES`` (which the stdlib cannot set),
 ``tls.ALPN`` (or the ``ctx.alpn`` an ACME challenge context was given) — never
 retyped here. ``tls.context`` stays the one checker of the files and its one-line
 errors. Python's own ``SSL_CTX`` cannot be shared: once ``sni_callback`` is set
@@ -52,8 +52,8 @@ from .front import Sniffing, to_h2
 from .h2 cimport H2Connection  # the compiled h2: tls.py loads this module only beside it
 from . import tls as _tls  # the pure layer: constants, client_hello (it imports us at its end)
 
-cdef Py_ssize_t _CHUNK = _tls._CHUNK
-cdef Py_ssize_t _HIGH = _tls._HIGH
+cdef Py_ssize_t _CHUNK = _tls.CHUNK
+cdef Py_ssize_t _HIGH = _tls.HIGH
 cdef object PLAIN_FIRST = frozenset(_tls.PLAIN_FIRST)
 cdef bytes PLAIN_400_HEAD = _tls.PLAIN_400_HEAD
 cdef bytes PLAIN_400_BODY = _tls.PLAIN_400_BODY
@@ -177,7 +177,7 @@ cdef class Context:
     def __cinit__(self, py):
         cdef bytes wire = b"".join(bytes([len(p)]) + p.encode() for p in
                                    getattr(py, "alpn", _tls.ALPN))
-        cdef bytes ciphers = _tls._TLS12_CIPHERS.encode(), suites = _tls.TLS13_SUITES.encode()
+        cdef bytes ciphers = _tls.TLS12_CIPHERS.encode(), suites = _tls.TLS13_SUITES.encode()
         cert_path, cert_pem, key_path, key_pem = py.pem
         self.ctx = SSL_CTX_new(TLS_server_method())
         if self.ctx == NULL:

@@ -9,9 +9,9 @@ bodies never learn about TLS: they read and write ciphertext as before, io_uring
 included.
 
 Output: the inner connection's buffers are encrypted as they appear, a chunk
-of up to ``_CHUNK`` bytes per ``SSLObject.write`` (small heads and bodies are
+of up to ``CHUNK`` bytes per ``SSLObject.write`` (small heads and bodies are
 joined so one response is one record), and reported to it as sent at once; at
-most ``_HIGH`` bytes of ciphertext wait for the socket, so a large body is
+most ``HIGH`` bytes of ciphertext wait for the socket, so a large body is
 encrypted as the client reads it, never whole. Input: plaintext is read from
 the TLS object only while the inner connection wants input — its backpressure
 reaches the socket unchanged.
@@ -50,8 +50,8 @@ from .front import Sniffing, to_h2
 from ..core.outgoing import consume
 from ..core.policy import LINGER
 
-_CHUNK = 64 * 1024     # plaintext per SSLObject.write (OpenSSL cuts it into 16 KiB records)
-_HIGH = 256 * 1024     # ciphertext queued ahead of the socket
+CHUNK = 64 * 1024     # plaintext per SSLObject.write (OpenSSL cuts it into 16 KiB records)
+HIGH = 256 * 1024     # ciphertext queued ahead of the socket
 # A plain HTTP request on the TLS port: its first byte is an uppercase method letter, never
 # a TLS record's content type (0x14-0x18); the answer is nginx's 400, its Date and
 # "Connection: close" lines between head and body (App.tails). The unikernel's TLS glue
@@ -66,7 +66,7 @@ ALPN = ("h2", "http/1.1")
 # SHA-256, where OpenSSL's own order by strength put AES-256-GCM-SHA384 first), ChaCha20
 # raised to the top for a client that asks for it first (OP_PRIORITIZE_CHACHA: phones
 # without AES instructions).
-_TLS12_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+TLS12_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
                   "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
                   "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305")
 # TLS 1.3's suites in the same order. The stdlib has no call for them (SSL_CTX_set_ciphersuites),
@@ -81,7 +81,7 @@ def context(cert: str, key: str, minimum: str = "1.2") -> ssl.SSLContext:
     """A server context for CERT (PEM, chain allowed) and KEY; a bad file is a ServeError."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = VERSIONS[minimum]
-    ctx.set_ciphers(_TLS12_CIPHERS)
+    ctx.set_ciphers(TLS12_CIPHERS)
     ctx.set_alpn_protocols(list(ALPN))
     # §9.2.1: no renegotiation; compression is off by default in OpenSSL 3.
     ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
@@ -414,7 +414,7 @@ class TlsConnection:
             if not self.rbio.pending and not self.rbio.eof and not tls.pending():
                 break  # nothing buffered: skip a read that could only raise SSLWantReadError
             try:
-                data = tls.read(_CHUNK)
+                data = tls.read(CHUNK)
             except ssl.SSLWantReadError:  # no complete record buffered
                 break
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or a bare EOF
@@ -439,11 +439,11 @@ class TlsConnection:
     def _encrypt(self, now: float) -> None:
         inner = self.inner
         out = inner.outgoing
-        while out and self.cipher_bytes < _HIGH:
+        while out and self.cipher_bytes < HIGH:
             first = out[0]
             if first.__class__ is FileRegion:  # encrypted from its map (no kTLS: see the
                 pos = self.region_pos          # Strategy); reported whole, as the seam says
-                chunk = first.view[pos:pos + _CHUNK]
+                chunk = first.view[pos:pos + CHUNK]
                 if not self._write(chunk):
                     return
                 self._flush_tls()
@@ -452,12 +452,12 @@ class TlsConnection:
                 inner.sent(first.length if pos >= first.length else 0, now)
                 out = inner.outgoing
                 continue
-            if len(first) >= _CHUNK:
-                chunk = memoryview(first)[:_CHUNK]
+            if len(first) >= CHUNK:
+                chunk = memoryview(first)[:CHUNK]
             else:
                 parts, size = [first], len(first)
                 for b in out[1:]:
-                    if b.__class__ is FileRegion or size + len(b) > _CHUNK:
+                    if b.__class__ is FileRegion or size + len(b) > CHUNK:
                         break
                     parts.append(b)
                     size += len(b)
