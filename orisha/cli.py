@@ -18,7 +18,7 @@ from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import BuildError, OrishaError
 from .targets import BUILD_CHOICES as LOOPS
-from .targets import booted
+from .targets import TARGETS, UNIKERNEL, booted
 
 
 def _fail(message: str) -> None:
@@ -117,10 +117,12 @@ def main() -> None:
 @click.option("--loop", type=click.Choice(LOOPS), default="auto", show_default=True,
               help="Loop body the built server will use.")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the compression cache.")
-@click.option("--target", type=click.Choice(["server", "container"]), default="server",
+@click.option("--target", type=click.Choice(TARGETS), default="server",
               show_default=True,
               help="container: also OUT/orisha, one static executable serving the site "
-                   "(and what the top-level Dockerfile needs).")
+                   "(and what the top-level Dockerfile needs); unikernel: also OUT/orisha.img, "
+                   "the site booted as its own OS image (orisha boot; --loop unikernel is "
+                   "another name for it).")
 @click.option("--symlinks", type=click.Choice(["follow", "inside"]), default="follow",
               show_default=True,
               help="follow: serve what every symlink points at; inside: only targets inside "
@@ -134,7 +136,7 @@ def main() -> None:
 @click.option("--basic-auth", "basic_auth", multiple=True, metavar="GLOB=HTPASSWD",
               help="Paths matching GLOB (as in _headers: '/private/*') need a user and password "
                    "of HTPASSWD, an Apache htpasswd file of bcrypt entries (htpasswd -B); "
-                   "repeatable, first match wins. Not with --loop unikernel.")
+                   "repeatable, first match wins. Not with --target unikernel.")
 @click.option("--no-early-hints", "no_early_hints", is_flag=True,
               help="Do not turn a page's stylesheets, head scripts and preloads into a Link "
                    "field and a 103 Early Hints (sent over HTTP/2).")
@@ -147,9 +149,9 @@ def main() -> None:
               "one of the last K builds into OUT gets a dcz delta from it.")
 @click.option("--no-dictionaries", is_flag=True,
               help="No Use-As-Dictionary, no dcz deltas, no history kept in OUT.")
-@click.option("--tls-cert", metavar="FILE", help="With --loop unikernel: PEM certificate (chain "
+@click.option("--tls-cert", metavar="FILE", help="With --target unikernel: PEM certificate (chain "
               "allowed) built into the image, which then serves TLS on port 443.")
-@click.option("--tls-key", metavar="FILE", help="With --loop unikernel: PEM private key of --tls-cert.")
+@click.option("--tls-key", metavar="FILE", help="With --target unikernel: PEM private key of --tls-cert.")
 def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_cache, target,
           symlinks, headers, redirects, autoindex, basic_auth, no_early_hints, strict_links,
           keep, no_dictionaries, tls_cert, tls_key) -> None:
@@ -158,8 +160,10 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
         raise click.UsageError("--fallback-all goes with --fallback FILE")
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
-    if tls_cert and target == "container":
-        raise click.UsageError("--tls-cert/--tls-key: with --loop unikernel only")
+    target, loop = _target(target, loop)
+    if tls_cert and target != UNIKERNEL:
+        raise click.UsageError("--tls-cert/--tls-key: built into --target unikernel images only "
+                               "(the hosted server takes them at `orisha serve`)")
     from .targets import build as builder
     r = builder(site, out, target=target, loop=loop, fallback=fallback, not_found=not_found,
                 cache_control=_cache_controls(cache_control),
@@ -170,6 +174,22 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
                 tls=(tls_cert, tls_key) if tls_cert else None)
     from .embed.build import summary
     click.echo(summary(r))
+
+
+def _target(target: str, loop: str) -> tuple[str, str]:
+    """(target, loop) of ``orisha build``: ``--loop unikernel`` is ``--target unikernel``
+    (said once, on stderr); the image has no loop body to choose."""
+    if loop == UNIKERNEL:
+        if target == "container":
+            raise click.UsageError("--loop unikernel: the image is --target unikernel, not with "
+                                   "--target container")
+        if target == "server":
+            click.echo("orisha: --loop unikernel is --target unikernel", err=True)
+        return UNIKERNEL, UNIKERNEL
+    if target == UNIKERNEL and loop != "auto":
+        raise click.UsageError(f"--loop {loop}: a unikernel image has no loop body to choose "
+                               "(--target unikernel)")
+    return target, UNIKERNEL if target == UNIKERNEL else loop
 
 
 def _limit_options(f):
@@ -297,7 +317,7 @@ def _sites(path, sites, fallback, not_found) -> list[tuple[tuple[str, ...], str]
 @click.option("--gateway", metavar="A.B.C.D", help="With --address: the guest's default gateway.")
 @_limit_options
 def boot(path, host, port, accel, memory, http_port, cpus, tap, address, gateway, **limits) -> None:
-    """Boot a unikernel build (orisha build --loop unikernel) under QEMU."""
+    """Boot a unikernel build (orisha build --target unikernel) under QEMU."""
     from .targets.unikernel.boot import boot as run_boot
     sys.exit(run_boot(path, host=host, port=port, accel=accel, memory=memory,
                       limits=Limits(**limits), http_port=http_port, cpus=cpus, tap=tap,

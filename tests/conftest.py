@@ -189,7 +189,7 @@ def image(tmp_path_factory):
     the modules that boot it as it is (test_unikernel, _smp, _tap); modules that build
     theirs otherwise define their own ``image``."""
     out = str(tmp_path_factory.mktemp("uk") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel", "--not-found", "404.html")
     assert r.returncode == 0, r.stderr
     return out
 

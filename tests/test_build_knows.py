@@ -551,8 +551,8 @@ def test_basic_auth_errors_are_one_line(tmp_path, case):
         want = f"--basic-auth 'docs/*={pw}': 'docs/*': the pattern must be a URL path starting with /"
     else:
         _htpasswd(pw)
-        opts += ["--loop", "unikernel"]
-        want = ("--basic-auth: not with --loop unikernel (the booted image has no bcrypt to "
+        opts += ["--target", "unikernel"]
+        want = ("--basic-auth: not with --target unikernel (the booted image has no bcrypt to "
                 "check passwords); serve the build hosted or as a container")
     if case in ("md5", "syntax", "unikernel"):
         r = orisha("build", DEMO, "-o", str(out), *opts)

@@ -131,7 +131,7 @@ def test_the_kernel_keeps_its_default_over_an_out_of_range_command_line(tmp_path
     import time
     from orisha.targets.unikernel.boot import qemu_command, resolve_accel, guest_megabytes
     out = str(tmp_path / "img")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel")
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel")
     assert r.returncode == 0, r.stderr
     image = os.path.join(out, "orisha.img")
     with socket.socket() as s:

@@ -261,6 +261,6 @@ def test_unikernel_build_refuses_rules_beyond_its_buffers_in_one_line(tmp_path):
         ("/b/* " + "/x:splat" * 17 + " 301\n", "more than 32 pieces"),
     ]:
         site = _site(tmp_path, redirects="/ok/* /d/:splat 301\n" + text)
-        one_line_error(orisha("build", site, "-o", str(tmp_path / "o"), "--loop", "unikernel"),
+        one_line_error(orisha("build", site, "-o", str(tmp_path / "o"), "--target", "unikernel"),
                        os.path.join(site, "_redirects") + ":2: ", needle)
         assert not os.path.exists(tmp_path / "o")

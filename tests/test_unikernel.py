@@ -63,6 +63,25 @@ def test_boot_serve_and_stop(image):
             p.wait()
 
 
+def test_loop_unikernel_is_another_name_for_the_target(image, tmp_path):
+    """``orisha build --target unikernel`` makes the image (the ``image`` fixture's build);
+    ``--loop unikernel``, its older name, makes the same and says so once on stderr. A loop
+    body with the image, or the image with the container, is a usage error."""
+    out = str(tmp_path / "o")
+    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--not-found", "404.html")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("orisha: --loop unikernel is --target unikernel\n") == 1, r.stderr
+    built = json.load(open(os.path.join(out, "manifest.json")))
+    assert built["loop"] == "unikernel" and built["image"] == "orisha.img"
+    assert os.path.getsize(os.path.join(out, "orisha.img")) == built["image_bytes"]
+    for opts in (["--target", "unikernel", "--loop", "epoll"],
+                 ["--target", "container", "--loop", "unikernel"]):
+        r = orisha("build", DEMO, "-o", str(tmp_path / "x"), *opts)
+        assert r.returncode == 2 and "Error: --loop " in r.stderr and "Traceback" not in r.stderr, \
+            r.stderr
+        assert not (tmp_path / "x").exists()
+
+
 def test_image_size_excluding_site_bytes(image):
     m = json.load(open(os.path.join(image, "manifest.json")))
     assert m["generator"] == "orisha" and m["loop"] == "unikernel" and m["image"] == "orisha.img"
@@ -129,7 +148,7 @@ def test_not_an_image_is_a_one_line_error(image, tmp_path):
 def test_real_site_from_the_image_byte_identical_in_every_encoding(tmp_path):
     from test_real_site import check_every_file
     out = str(tmp_path / "pg")
-    r = orisha("build", REAL, "-o", out, "--loop", "unikernel")
+    r = orisha("build", REAL, "-o", out, "--target", "unikernel")
     assert r.returncode == 0, r.stderr
     site = load_site(out)  # the same build's Python module: the expected responses
     image = os.path.join(out, "orisha.img")
@@ -399,7 +418,7 @@ def rules_cores(tmp_path_factory):
     from test_rules import RULES
     out = str(tmp_path_factory.mktemp("uk") / "rules")
     opts = [a for rule in STRESS_RULES for a in ("--redirect", rule)]
-    r = orisha("build", RULES, "-o", out, "--loop", "unikernel", *opts)
+    r = orisha("build", RULES, "-o", out, "--target", "unikernel", *opts)
     assert r.returncode == 0, r.stderr
     yield from _both(out)
 

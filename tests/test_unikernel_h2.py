@@ -109,7 +109,7 @@ def pki(tmp_path_factory):
 
 
 def _tls_build(site: str, out: str, pki, *opts: str) -> str:
-    r = orisha("build", site, "-o", out, "--loop", "unikernel", "--tls-cert", pki.chain,
+    r = orisha("build", site, "-o", out, "--target", "unikernel", "--tls-cert", pki.chain,
                "--tls-key", pki.key, *opts)
     assert r.returncode == 0, r.stderr
     return out

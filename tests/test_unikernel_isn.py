@@ -37,7 +37,7 @@ CONNECTIONS = 8
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("uk") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel")
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel")
     assert r.returncode == 0, r.stderr
     return os.path.join(out, "orisha.img")
 

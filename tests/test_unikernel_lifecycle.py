@@ -34,7 +34,7 @@ WAIT = 60  # seconds any single wait in these tests may take before it counts as
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("uk") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel")
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel")
     assert r.returncode == 0, r.stderr
     return out
 

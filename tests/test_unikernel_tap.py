@@ -252,7 +252,7 @@ def tls_image(tmp_path_factory):
     from tlsutil import make_pki
     pki = make_pki(str(tmp_path_factory.mktemp("tap-pki")))
     out = str(tmp_path_factory.mktemp("uk-tap-tls") / "demo")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel", "--tls-cert", pki.chain,
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel", "--tls-cert", pki.chain,
                "--tls-key", pki.key)
     assert r.returncode == 0, r.stderr
     return out, pki.ca

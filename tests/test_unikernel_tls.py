@@ -778,7 +778,7 @@ def test_chromium_loads_pages_over_https(vm, tls_pki, tmp_path):
 
 def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
     out = str(tmp_path / "out")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel",
                "--tls-cert", tls_pki.chain, "--tls-key", tls_pki.key2)
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
@@ -786,10 +786,10 @@ def test_bad_key_fails_the_build_with_one_line(tls_pki, tmp_path):
     assert not os.path.exists(out)
     junk = tmp_path / "junk.pem"
     junk.write_text("not a key\n")
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel",
                "--tls-cert", tls_pki.chain, "--tls-key", str(junk))
     assert r.returncode != 0 and str(junk) in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = orisha("build", DEMO, "-o", out, "--loop", "unikernel",
+    r = orisha("build", DEMO, "-o", out, "--target", "unikernel",
                "--tls-cert", str(junk), "--tls-key", tls_pki.key)
     assert r.returncode != 0 and str(junk) in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not os.path.exists(out)

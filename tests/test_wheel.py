@@ -331,7 +331,7 @@ def test_installed_wheel_builds_and_boots_a_unikernel_image(installed, tmp_path)
     before = {os.path.relpath(f, donor): os.stat(f).st_mtime_ns for f in lwip}
     shared = bool(before) and _stamp(donor, DIGEST) == digest == tree_digest(
         checkout, tree_files(checkout))
-    run([exe, "build", DEMO, "-o", out, "--loop", "unikernel"], cwd=str(tmp_path))
+    run([exe, "build", DEMO, "-o", out, "--target", "unikernel"], cwd=str(tmp_path))
     objdir = build_dirs(src)[0]
     assert _stamp(objdir, DIGEST) == digest
     if shared:

@@ -1,6 +1,6 @@
 """The booted unikernel as a conformance target.
 
-``boot(site, build_opts, limit_opts)`` builds SITE with ``--loop unikernel``
+``boot(site, build_opts, limit_opts)`` builds SITE with ``--target unikernel``
 into a temporary directory and starts ``orisha boot OUT --port 0`` with the
 limits; the object it returns looks like conftest's ``Server`` (``port``,
 ``line``, ``proc``, ``stop()``). A boot that fails raises with the serial log.
@@ -73,7 +73,7 @@ class Booted:
 def build(site_dir: str, build_opts: list[str], out: str) -> None:
     from conftest import with_build_args
     r = subprocess.run([sys.executable, "-m", "orisha.cli", "build", site_dir, "-o", out,
-                        "--loop", "unikernel", *with_build_args(build_opts)],
+                        "--target", "unikernel", *with_build_args(build_opts)],
                        capture_output=True, text=True, cwd=ROOT, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"unikernel build failed: {r.stderr.strip()}")

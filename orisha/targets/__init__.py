@@ -17,16 +17,20 @@ from .. import manifest
 from ..errors import BuildError
 from ..loops import MODULES
 
-UNIKERNEL = "unikernel"  # the loop name that means the booted image
+UNIKERNEL = "unikernel"  # the target (and the loop name) of the booted image
+TARGETS = ("server", "container", UNIKERNEL)
 # What ``orisha build --loop`` accepts: the hosted loops, auto, and the booted image.
 BUILD_CHOICES = (*MODULES, "auto", UNIKERNEL)
 
 
 def build(site: str, out: str, *, target: str = "server", loop: str = "auto",
           tls: tuple[str, str] | None = None, **options):
-    """Build ``site`` into ``out`` for ``target`` (``server``/``container``) and ``loop``."""
+    """Build ``site`` into ``out`` for ``target`` (``TARGETS``) and ``loop`` (a unikernel
+    image's is ``unikernel``, the name its manifest records)."""
     if loop not in BUILD_CHOICES:
         raise BuildError(f"--loop {loop}: unknown loop (choose from {', '.join(BUILD_CHOICES)})")
+    if target == UNIKERNEL:
+        loop = UNIKERNEL
     if target == "container":
         from .container.build import build as builder
     elif loop == UNIKERNEL:
@@ -35,7 +39,7 @@ def build(site: str, out: str, *, target: str = "server", loop: str = "auto",
     else:
         from ..embed.build import build as builder
     if tls and loop != UNIKERNEL:
-        raise BuildError("--tls-cert/--tls-key: built into --loop unikernel images only "
+        raise BuildError("--tls-cert/--tls-key: built into --target unikernel images only "
                          "(the hosted server takes them at `orisha serve`)")
     return builder(site, out, loop=loop, **options)
 

@@ -53,10 +53,10 @@ TABLE_RAM = 48       # MiB above the image by default: the connection table's (s
 def _manifest(out: str) -> dict:
     m = manifest.read(out)
     if m is None:
-        raise BootError(f"{out}: not an Orisha build (run `orisha build SITE --loop unikernel -o {out}`)")
+        raise BootError(f"{out}: not an Orisha build (run `orisha build SITE --target unikernel -o {out}`)")
     if m.get("loop") != "unikernel" or not m.get("image"):
         raise BootError(f"{out}: built for loop {m.get('loop')!r}, not an image "
-                        f"(rebuild with --loop unikernel, or run `orisha serve {out}`)")
+                        f"(rebuild with --target unikernel, or run `orisha serve {out}`)")
     return m
 
 
@@ -494,7 +494,7 @@ def boot(out: str, host: str = "127.0.0.1", port: int = 8080, accel: str = "auto
     manifest = _manifest(out)
     image = os.path.join(out, manifest["image"])
     if not os.path.isfile(image):
-        raise BootError(f"{image}: missing (rebuild with --loop unikernel)")
+        raise BootError(f"{image}: missing (rebuild with --target unikernel)")
     tls = bool(manifest.get("tls"))
     if http_port is not None and not tls:
         raise BootError(f"--http-port: {out} serves plain HTTP only, on --port (build it with "

@@ -1,4 +1,4 @@
-"""``orisha build SITE --loop unikernel``: the ordinary build, plus the booted image.
+"""``orisha build SITE --target unikernel``: the ordinary build, plus the booted image.
 
 Strategy: the unikernel target wraps the build step (orisha/embed/build.py) rather than
 being called from inside it. Its own options are checked first — the certificate and key
@@ -19,7 +19,7 @@ def build(site: str, out: str, *, tls: tuple[str, str] | None = None,
           basic_auth: list[str] | tuple = (), loop: str = "unikernel", **options) -> Result:
     """Build ``site`` into ``out`` with ``OUT/orisha.img`` (the kernel and the site)."""
     if basic_auth:
-        raise BuildError("--basic-auth: not with --loop unikernel (the booted image has no "
+        raise BuildError("--basic-auth: not with --target unikernel (the booted image has no "
                          "bcrypt to check passwords); serve the build hosted or as a container")
     checked = certs.check(*tls) if tls else None  # before anything is built
 
