@@ -18,7 +18,7 @@ from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import BuildError, OrishaError
 from .targets import BUILD_CHOICES as LOOPS
-from .targets import TARGETS, UNIKERNEL, booted
+from .targets import TARGETS, UNIKERNEL, booted, chosen
 
 
 def _fail(message: str) -> None:
@@ -160,7 +160,12 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
         raise click.UsageError("--fallback-all goes with --fallback FILE")
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
-    target, loop = _target(target, loop)
+    try:
+        target, loop, note = chosen(target, loop)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if note:
+        click.echo(f"orisha: {note}", err=True)
     if tls_cert and target != UNIKERNEL:
         raise click.UsageError("--tls-cert/--tls-key: built into --target unikernel images only "
                                "(the hosted server takes them at `orisha serve`)")
@@ -174,22 +179,6 @@ def build(site, out, fallback, fallback_all, not_found, cache_control, loop, no_
                 tls=(tls_cert, tls_key) if tls_cert else None)
     from .embed.build import summary
     click.echo(summary(r))
-
-
-def _target(target: str, loop: str) -> tuple[str, str]:
-    """(target, loop) of ``orisha build``: ``--loop unikernel`` is ``--target unikernel``
-    (said once, on stderr); the image has no loop body to choose."""
-    if loop == UNIKERNEL:
-        if target == "container":
-            raise click.UsageError("--loop unikernel: the image is --target unikernel, not with "
-                                   "--target container")
-        if target == "server":
-            click.echo("orisha: --loop unikernel is --target unikernel", err=True)
-        return UNIKERNEL, UNIKERNEL
-    if target == UNIKERNEL and loop != "auto":
-        raise click.UsageError(f"--loop {loop}: a unikernel image has no loop body to choose "
-                               "(--target unikernel)")
-    return target, UNIKERNEL if target == UNIKERNEL else loop
 
 
 def _limit_options(f):

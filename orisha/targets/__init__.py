@@ -23,6 +23,22 @@ TARGETS = ("server", "container", UNIKERNEL)
 BUILD_CHOICES = (*MODULES, "auto", UNIKERNEL)
 
 
+def chosen(target: str, loop: str) -> tuple[str, str, str | None]:
+    """(target, loop, a note for stderr or None) of ``orisha build --target --loop``:
+    ``--loop unikernel`` is ``--target unikernel`` (which the note says); the image has no
+    loop body to choose. ValueError for a combination that means nothing."""
+    if loop == UNIKERNEL:
+        if target == "container":
+            raise ValueError("--loop unikernel: the image is --target unikernel, not with "
+                             "--target container")
+        note = "--loop unikernel is --target unikernel" if target == "server" else None
+        return UNIKERNEL, UNIKERNEL, note
+    if target == UNIKERNEL and loop != "auto":
+        raise ValueError(f"--loop {loop}: a unikernel image has no loop body to choose "
+                         "(--target unikernel)")
+    return target, UNIKERNEL if target == UNIKERNEL else loop, None
+
+
 def build(site: str, out: str, *, target: str = "server", loop: str = "auto",
           tls: tuple[str, str] | None = None, **options):
     """Build ``site`` into ``out`` for ``target`` (``TARGETS``) and ``loop`` (a unikernel
