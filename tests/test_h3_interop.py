@@ -71,21 +71,34 @@ def server(request, site, pki):
 
 def gtls(port: int, paths: list[str], folder, *opts: str, timeout: float = 60) -> str:
     """ngtcp2's client fetching ``paths`` on one connection into ``folder``; its log (debug
-    lines without the packet and HTTP dumps). A failed run fails the test."""
+    lines without the packet and HTTP dumps). A failed run fails the test — except a run
+    whose every datagram the client's own simulated loss (``-r``) dropped before sending:
+    the server never heard of that connection, so it tested nothing of the server, and the
+    connection is made again (at most ``UNHEARD`` times in a row). At 30 % loss, all seven
+    Initials a client sends within 120 s are dropped so once in about 4,600 connections
+    (0.3^7): proof21 had one (pkn 0 to 6 at 0, 1, 3, 7, 15, 31 and 63 s, each "Simulated
+    outgoing packet loss", no "Sent packet" at all, then the client's idle close)."""
     folder.mkdir(exist_ok=True)
     # A handshake may wait out the default 10 s on a loaded machine (the whole suite on 2
     # cores): the client then exits 0 having fetched nothing. 30 s, and its log kept for
     # ``same`` to show.
-    r = subprocess.run(["gtlsclient", "--no-quic-dump", "--no-http-dump",
-                        "--exit-on-all-streams-close", "--timeout=20s", "--handshake-timeout=30s",
-                        "--download", str(folder),
-                        *opts, "127.0.0.1", str(port),
-                        *[f"https://127.0.0.1:{port}/{p}" for p in paths]],
-                       capture_output=True, text=True, timeout=timeout)
-    log = r.stderr + r.stdout
-    _LAST[0] = log
-    assert r.returncode == 0 and "ngtcp2_conn_handle_expiry" not in log, log[-8000:]  # it
-    return log  # exits 0 on a handshake or idle timeout, saying so
+    for _ in range(UNHEARD + 1):
+        r = subprocess.run(["gtlsclient", "--no-quic-dump", "--no-http-dump",
+                            "--exit-on-all-streams-close", "--timeout=20s",
+                            "--handshake-timeout=30s", "--download", str(folder),
+                            *opts, "127.0.0.1", str(port),
+                            *[f"https://127.0.0.1:{port}/{p}" for p in paths]],
+                           capture_output=True, text=True, timeout=timeout)
+        log = r.stderr + r.stdout
+        _LAST[0] = log
+        ok = r.returncode == 0 and "ngtcp2_conn_handle_expiry" not in log  # it exits 0 on
+        if ok or "Sent packet:" in log:  # a handshake or idle timeout, saying so
+            break
+    assert ok, log[-8000:]
+    return log
+
+
+UNHEARD = 2  # connections in a row none of whose datagrams left the client (``gtls``)
 
 
 _LAST = [""]  # the last client's log
