@@ -7,7 +7,6 @@ as ``orisha: error: …`` with exit status 1 — never a traceback.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -16,7 +15,7 @@ from . import manifest
 from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
-from .errors import BuildError, OrishaError
+from .errors import OrishaError
 from .targets import BUILD_CHOICES as LOOPS
 from .targets import TARGETS, UNIKERNEL, booted, chosen
 
