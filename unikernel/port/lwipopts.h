@@ -129,7 +129,7 @@
 #define MEMP_STATS                  1
 #define SYS_STATS                   0
 /* lwIP's own timers and http.c's stats tick. */
-#define MEMP_NUM_SYS_TIMEOUT        (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 2)  /* + http.c's admissions */
+#define MEMP_NUM_SYS_TIMEOUT        (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 3)  /* + http.c: stats, admissions, the stale retry */
 #define LWIP_DEBUG                  0
 
 #endif

@@ -61,6 +61,15 @@
  * client (and nothing of ours has been acknowledged) for this long: a client
  * in its handshake, or between two requests, is never cut off. */
 #define STALE_MS 2000
+/* For a waiting client that has asked (its whole head or ClientHello in hand),
+ * a connection that stopped half way through its head or ClientHello gives way
+ * after this much of its client's silence: one that can be answered now goes
+ * before it (TCP retransmits a lost segment well within it after the first
+ * round trip). One whose client has not begun a message (connected, handshake
+ * done, between requests) keeps STALE_MS: a client starved of CPU in a burst of
+ * its own handshakes is silent that long (h2load's 1,000 TLS connections on a
+ * loaded host: 23 reset at 500 ms). */
+#define STALE_ASKED_MS 500
 /* Input the waiting connections may hold in lwIP's heap, all together (see
  * MEM_SIZE in lwipopts.h): 1,024 ClientHellos of 1.5 KB. Each may hold a receive
  * window (16 KiB), and 1,024 of them would hold twice the heap; past this the
@@ -145,8 +154,11 @@ struct hconn {
  * admitted connections a newcomer is served at once. Beyond it, a connection
  * that has heard nothing from its client for STALE_MS while waiting on it (half
  * a head, half a ClientHello, an idle keep-alive) gives way (aborted: a RST, its
- * slot and TLS session freed), the longest waiting in the lowest class first; a
- * TLS handshake we have answered never does. When every admitted connection has
+ * slot and TLS session freed), the longest waiting in the lowest class first;
+ * for a newcomer that has asked (its whole head or ClientHello) STALE_ASKED_MS
+ * of silence half way through a head or ClientHello is enough, so it is served
+ * within a second however many stalled connections fill the table (it waited
+ * 2.2 s behind 300 on one core). A TLS handshake we have answered never gives way. When every admitted connection has
  * been busy writing for STALE_MS (long downloads, or clients that stopped
  * reading), the newcomer is refused with the core's 503 (the bytes and Retry-After of --max-connections,
  * orisha/core/connection.py ERRORS), then lingers like any last response.
@@ -579,7 +591,7 @@ static int klass(const struct hconn *h)
  * would fail a client that is merely slow to compute its side. */
 static uint64_t idle_at;         /* ms: every frame for this core had reached it (http_idle) */
 
-static int stale(const struct hconn *h, int k, uint64_t now)
+static int stale(const struct hconn *h, int k, uint64_t now, uint64_t quiet)
 {
     if (h->tls && !h->started && tls_replied(h->tls))
         return 0;
@@ -588,8 +600,17 @@ static int stale(const struct hconn *h, int k, uint64_t now)
      * behind (a burst of handshakes, a slow TCG guest), frames wait in the ring
      * and nobody is stale; on a core fed by core 0 (one queue pair) that includes
      * core 0's backlog not yet handed on (net_caught_up_ns). */
-    return (k == CLASS_HEAD || k == CLASS_IDLE) && now - h->active > STALE_MS &&
-           idle_at > h->active + STALE_MS;
+    return (k == CLASS_HEAD || k == CLASS_IDLE) && now - h->active > quiet &&
+           idle_at > h->active + quiet;
+}
+
+/* Part of a head or ClientHello came and not the rest: stale for a newcomer that
+ * has asked after STALE_ASKED_MS (admit). */
+static int midway(const struct hconn *h)
+{
+    if (h->tls && !h->started)
+        return h->sniffed && !tls_replied(h->tls);
+    return !h->h2 && h->core.len > h->core.start && !h->core.resp.n;
 }
 
 void http_idle(void)
@@ -602,7 +623,7 @@ void http_idle(void)
 static int prio(const struct hconn *h, uint64_t now)
 {
     int k = klass(h);
-    return k == CLASS_DONE || stale(h, k, now) ? k : k == CLASS_BUSY ? CLASS_BUSY : CLASS_KEEP;
+    return k == CLASS_DONE || stale(h, k, now, STALE_MS) ? k : k == CLASS_BUSY ? CLASS_BUSY : CLASS_KEEP;
 }
 
 /* How long it has waited in its class: since the accept for a handshake, else
@@ -615,12 +636,17 @@ static uint64_t waited(const struct hconn *h, uint64_t now)
 
 enum { ADMIT, REFUSE, WAIT };
 
+/* ms until a connection may give way to a waiting one that has asked (admit's
+ * WAIT for it; 0: none will by its silence alone): admit_waiting runs again then. */
+static uint64_t stale_in;
+
 /*
  * A connection's admission to the table (see CLASS_*): ADMIT when the table has
  * room or a stale waiting or idle connection gave way (the one that has waited
- * longest in the lowest class); REFUSE (a 503) when every admitted one has been
- * busy writing for STALE_MS; else WAIT, in its slot, for one of them to finish
- * or go stale.
+ * longest in the lowest class; stale after STALE_ASKED_MS of its client's silence
+ * half way through a message when the newcomer has asked, else STALE_MS); REFUSE (a 503) when every
+ * admitted one has been busy writing for STALE_MS; else WAIT, in its slot, for
+ * one of them to finish or go stale.
  */
 static int admit(const struct hconn *self, uint64_t now)
 {
@@ -629,6 +655,8 @@ static int admit(const struct hconn *self, uint64_t now)
     static uint64_t busy_since; /* every admitted connection busy since then (0: not) */
     uint32_t admitted = 0, unbusy = 0;
     uint64_t vwait = 0;
+    int asked = self->waiting && self->whole;
+    stale_in = 0;
     for (uint32_t i = 0; i < nslots; i++) {
         struct hconn *h = &conns[i];
         if (!h->used || h == self)
@@ -641,10 +669,19 @@ static int admit(const struct hconn *self, uint64_t now)
             continue;
         unbusy++;
         uint64_t w = waited(h, now);
-        if (stale(h, k, now) && (k < vclass || (k == vclass && w > vwait))) {
-            victim = h;
-            vclass = k;
-            vwait = w;
+        uint64_t quiet = asked && midway(h) ? STALE_ASKED_MS : STALE_MS;
+        if (stale(h, k, now, quiet)) {
+            if (k < vclass || (k == vclass && w > vwait)) {
+                victim = h;
+                vclass = k;
+                vwait = w;
+            }
+        } else if ((k == CLASS_HEAD || k == CLASS_IDLE) &&
+                   !(h->tls && !h->started && tls_replied(h->tls))) {
+            /* quiet enough soon, or already but the loop has not drained since */
+            uint64_t in = now - h->active <= quiet ? h->active + quiet + 1 - now : 10;
+            if (!stale_in || in < stale_in)
+                stale_in = in;
         }
     }
     if (admitted < table || unbusy)
@@ -716,11 +753,23 @@ static int enter(struct hconn *h, uint64_t now)
 
 /* The waiting connections, ready ones first, each in the order it came, while
  * the table takes them (from lwIP's timer: never inside another's callback). */
+static void admit_waiting(void *arg);
+
+/* admit_waiting again when a connection may give way to a waiting one that has
+ * asked (its wait would otherwise end at a poll, every 500 ms). */
+static int stale_retry_pending;
+
+static void stale_retry(void *arg)
+{
+    stale_retry_pending = 0;
+    admit_waiting(arg);
+}
+
 static void admit_waiting(void *arg)
 {
     (void)arg;
     retry_pending = 0;
-    uint64_t now = now_ms();
+    uint64_t now = now_ms(), retry = 0;
     for (int pass = 0; pass < 2 && waiting_conns; pass++) {
         for (;;) {
             struct hconn *next = NULL;
@@ -730,10 +779,19 @@ static void admit_waiting(void *arg)
                     (!next || h->arrived < next->arrived))
                     next = h;
             }
-            if (!next || !enter(next, now))
+            if (!next)
                 break;
+            if (!enter(next, now)) {
+                if (!pass)
+                    retry = stale_in;
+                break;
+            }
             pump(next);
         }
+    }
+    if (retry && !stale_retry_pending) {
+        stale_retry_pending = 1;
+        sys_timeout((u32_t)retry, stale_retry, NULL);
     }
 }
 
