@@ -115,6 +115,37 @@ def test_serve_on_an_image_boots_it(image):
             p.wait()
 
 
+def test_a_guest_that_never_answers_is_stopped_within_the_bounds(image):
+    """A guest that hears nothing (its QEMU stopped with SIGSTOP: no vCPU runs, no
+    console is read) cannot keep ``orisha boot`` from stopping: after SIGINT it says
+    the kernel has not answered ``stop``, waits out ``--grace``, then QEMU's
+    ``EXIT_TIMEOUT``, kills QEMU, says so, and exits 0 with no QEMU left behind."""
+    from orisha.targets.unikernel.boot import EXIT_TIMEOUT, STOP_ANSWER
+    grace = STOP_ANSWER + 1
+    p = subprocess.Popen([sys.executable, "-m", "orisha.cli", "boot", image, "--port", "0",
+                          "--grace", str(grace)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    qemu = None
+    try:
+        line = p.stdout.readline()
+        assert "(loop unikernel," in line, line
+        kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
+        qemu, = (int(k) for k in kids.stdout.split())
+        os.kill(qemu, signal.SIGSTOP)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=grace + EXIT_TIMEOUT + 2 * 2 + 10)
+        assert p.returncode == 0, err
+        assert f"orisha: the kernel has not answered 'stop' within {STOP_ANSWER:.0f} s\n" in err
+        assert f"orisha: QEMU did not exit within {EXIT_TIMEOUT:.0f} s of 'exit': killed\n" in err
+        assert not os.path.exists(f"/proc/{qemu}"), "QEMU outlived orisha boot"
+    finally:
+        if qemu and os.path.exists(f"/proc/{qemu}"):
+            os.kill(qemu, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def _corrupt_copy(image: str, tmp_path) -> str:
     bad = str(tmp_path / "bad")
     shutil.copytree(image, bad)

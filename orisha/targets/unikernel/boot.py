@@ -46,6 +46,7 @@ from ...errors import BootError
 
 BOOT_TIMEOUT = 60.0  # seconds from QEMU start to the serving line (TCG on a loaded host is slow)
 EXIT_TIMEOUT = 5.0   # seconds QEMU may take to leave after ``exit`` before it is killed
+STOP_ANSWER = 2.0    # seconds after ``stop`` without the kernel's "stopping" line: logged
 MACHINES = ("microvm", "pc", "q35")
 TABLE_RAM = 48       # MiB above the image by default: the connection table's (see guest_megabytes)
 
@@ -333,6 +334,7 @@ class _Vm:
         self.serial: list[str] = []
         self.errors: list[str] = []
         self.serving = threading.Event()
+        self.stopping = threading.Event()
         self.drained = threading.Event()
         parent = os.getpid()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -350,6 +352,8 @@ class _Vm:
             print(line, file=self.log, flush=True)  # the serial log, streamed as it comes
             if "orisha: serving" in line:
                 self.serving.set()
+            elif "orisha: stopping" in line:
+                self.stopping.set()
             elif "orisha: drained" in line:
                 self.drained.set()
         self.serving.set()  # EOF: QEMU is gone; wake the waiters
@@ -423,15 +427,23 @@ def _serve_until_stopped(vm: _Vm, stop: threading.Event, stats: threading.Event)
 def _drain(vm: _Vm, grace: float, force: threading.Event) -> None:
     """Stop the guest gracefully (see the module docstring); at most ``grace`` seconds,
     less if a second signal comes."""
-    deadline = time.monotonic() + grace
+    asked = time.monotonic()
+    deadline = asked + grace
     vm.command("stop")
+    unanswered = True
     while not force.wait(0.05) and time.monotonic() < deadline and vm.proc.poll() is None:
         if vm.drained.is_set() and not forwarding(vm.proc.pid):
             break
+        if unanswered and not vm.stopping.is_set() and time.monotonic() - asked > STOP_ANSWER:
+            unanswered = False  # the kernel reads its console every 50 ms (main.c)
+            print(f"orisha: the kernel has not answered 'stop' within {STOP_ANSWER:.0f} s",
+                  file=vm.log, flush=True)
     vm.command("exit")
     try:
         vm.proc.wait(EXIT_TIMEOUT)
     except subprocess.TimeoutExpired:
+        print(f"orisha: QEMU did not exit within {EXIT_TIMEOUT:.0f} s of 'exit': killed",
+              file=vm.log, flush=True)
         vm.kill()
     vm.join()
     if vm.proc.returncode not in (1, -signal.SIGKILL):  # 1: the guest's exit(0) (isa-debug-exit)
