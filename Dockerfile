@@ -18,7 +18,7 @@ COPY init /init
 # without a shell or RUN.
 COPY rootfs/ /
 ENV PORT=8080
-# The admin port: /healthz, /readyz and /metrics (orisha/admin.py), answered by the supervisor.
+# The admin port: /healthz, /readyz and /metrics (orisha/serving/admin.py), answered by the supervisor.
 ENV ADMIN_PORT=9090
 # 8080/udp: HTTP/3 (QUIC) beside TLS on 8080/tcp, on by default with --tls-cert.
 EXPOSE 8080 8080/udp 9090

@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from orisha.server import load_site  # noqa: E402
+from orisha.serving.server import load_site  # noqa: E402
 
 DOCS = {"1 KB html": "/doc-1k.html", "13 KB html": "/doc-13k.html", "1 MB jpg": "/file-1m.jpg"}
 # The floor (bench/floor.py) sends its constant with one send: small documents only.

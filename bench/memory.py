@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from orisha.server import load_site  # noqa: E402
+from orisha.serving.server import load_site  # noqa: E402
 
 
 def field(pid: int, name: str, path: str = "smaps_rollup") -> int:

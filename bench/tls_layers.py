@@ -33,7 +33,7 @@ from tlsutil import make_pki  # noqa: E402
 from orisha.core.connection import App  # noqa: E402
 from orisha.protocols import tls  # noqa: E402
 from orisha.protocols.front import Plain  # noqa: E402
-from orisha.server import load_site  # noqa: E402
+from orisha.serving.server import load_site  # noqa: E402
 
 
 def _drain(conn, clock: list) -> bytes:

@@ -40,7 +40,7 @@ def serve(site: StaticSite, port: int = 8080, host: str = "127.0.0.1",
           workers: int | None = None, loop: str | None = None) -> int:
     """Build ``site`` (into a cache folder) and serve it until SIGTERM/SIGINT."""
     from .embed.build import into_cache, summary
-    from .server import run
+    from .serving.server import run
     r = into_cache(site.root, fallback=site.fallback, not_found=site.not_found)
     print(summary(r), flush=True)
     out = r.out

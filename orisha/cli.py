@@ -238,7 +238,7 @@ def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_l
           acme_directory, acme_ca, state, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
     http3, quic_retry = not limits.pop("no_http3"), limits.pop("quic_retry")
-    from .server import LOOPBACK, hosts_of
+    from .serving.server import LOOPBACK, hosts_of
     host = hosts_of(hosts) if hosts else LOOPBACK  # both loopback families (::1 where it exists)
     acme_sites = bool(sites) and bool(acme_email) and not tls_cert  # each site's names
     if port is None:  # a CA validates TLS-ALPN-01 on 443 (RFC 8737 §3), HTTP-01 on 80
@@ -247,7 +247,7 @@ def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_l
     path = pairs[0][1]
     if len(pairs) == 1:
         if acme_sites:  # one site: its names are the one certificate's
-            from .server import check_site_names
+            from .serving.server import check_site_names
             check_site_names(pairs, domains)
             domains = pairs[0][0]
         pairs = None  # one site, as ever: no host table, no lookup
@@ -258,7 +258,7 @@ def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_l
         if len(host) > 1 and hosts:  # the image's forward has one address (boot's default)
             raise click.UsageError("--host: a unikernel image is forwarded from one address")
         sys.exit(run_boot(path, host=host[0], port=port, limits=Limits(**limits)))
-    from .server import run
+    from .serving.server import run
     sys.exit(run(path, host=host, port=port, workers=workers, loop=loop,
                  limits=Limits(**limits), access_log=access_log, admin_port=admin_port,
                  admin_host=admin_host, tls_cert=tls_cert, tls_key=tls_key, tls_min=tls_min,
@@ -317,7 +317,7 @@ def boot(path, host, port, accel, memory, http_port, cpus, tap, address, gateway
 @_ranged("timeout", default=3.0, show_default=True, help="Seconds to wait.")
 def health(url, timeout) -> None:
     """Exit 0 if URL answers 2xx (e.g. http://127.0.0.1:9090/readyz), else 1 and why."""
-    from .admin import check
+    from .serving.admin import check
     ok, line = check(url, timeout)
     click.echo(f"orisha: {line}" if ok else f"orisha: unhealthy: {line}", err=not ok)
     sys.exit(0 if ok else 1)

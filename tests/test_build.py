@@ -13,7 +13,7 @@ from conftest import BUILD_ARGS, DEMO, ROOT, orisha
 
 from orisha.embed.assemble import cache_control
 from orisha.embed.mime import compressible, content_type
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 
 def one_line_error(r, *needles):

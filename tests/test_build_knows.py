@@ -113,7 +113,7 @@ def test_the_rule_applies_under_rules_routes_too(tmp_path):
     """A ``_redirects`` rule that matches nothing falls to the same choice (the Rules
     default in the core); checked in the core, without a socket."""
     from orisha.core.connection import App
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     out = str(tmp_path / "r")
     r = orisha("build", DEMO, "-o", out, "--fallback", "200.html",
                "--redirect", "/store id=:id /x/:id 301")
@@ -416,7 +416,7 @@ def test_a_credential_is_verified_once_per_worker(auth_build, monkeypatch):
 
     from orisha.core.connection import App
     from orisha.core.policy import AUTH_REMEMBERED
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     calls = []
     real = bcrypt.checkpw
     monkeypatch.setattr(bcrypt, "checkpw", lambda p, h: calls.append(p) or real(p, h))
@@ -439,7 +439,7 @@ def test_a_credential_is_verified_once_per_worker(auth_build, monkeypatch):
 
 def test_a_rule_may_set_cache_control_behind_auth(tmp_path):
     from orisha.core.connection import App
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     out = str(tmp_path / "o")
     r = orisha("build", DEMO, "-o", out, "--basic-auth", f"/*={_htpasswd(tmp_path / 'pw')}",
                "--cache-control", "css/*=no-store", "--header", "img/*:Cache-Control=max-age=5")
@@ -586,7 +586,7 @@ def test_pages_carry_their_early_hints_as_link_fields(tmp_path):
     }
     site = _linked_site(tmp_path, files)
     from orisha.core.connection import App
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     out = str(tmp_path / "o")
     assert orisha("build", site, "-o", out).returncode == 0
     app = App(load_site(out))

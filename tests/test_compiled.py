@@ -200,7 +200,7 @@ def test_large_bodies_are_file_regions_and_small_ones_views(tmp_path):
     """orisha/blob.py: a body of REGION_MIN bytes or more is a FileRegion of the blob file
     (sliced for a 206 into a region or, when small, a view); the rest are memoryviews."""
     from orisha.blob import REGION_MIN, FileRegion
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     out = str(tmp_path / "o")
     assert orisha("build", DEMO, "-o", out).returncode == 0
     site = load_site(out)
@@ -218,7 +218,7 @@ def test_large_bodies_are_file_regions_and_small_ones_views(tmp_path):
 def test_release_drops_the_blob_pages_from_the_process(tmp_path):
     """orisha.blob.release(): the pages a send mapped in leave this process's PSS."""
     from orisha import blob
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
 
     def blob_kib() -> int:
         kib, inside = 0, False
@@ -321,7 +321,7 @@ def _pure_core():
 
 @pytest.fixture(scope="module")
 def demo_site(tmp_path_factory):
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     out = str(tmp_path_factory.mktemp("differential") / "build")
     subprocess.run([sys.executable, "-m", "orisha.cli", "build", DEMO, "-o", out], check=True,
                    capture_output=True, cwd=ROOT, timeout=120)

@@ -308,7 +308,7 @@ def test_healthcheck_reports_healthy_under_the_pod_constraints(demo, pod):
     container healthy under the pod's constraints; ``--health URL`` judges other paths."""
     from test_supervisor import wait_for
 
-    from orisha.admin import HEALTH_PATH
+    from orisha.serving.admin import HEALTH_PATH
     _, tag = demo
     check = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Healthcheck"]
     assert check["Test"] == ["CMD", "/init", "--health"]
@@ -401,7 +401,7 @@ REAL = "/usr/share/doc/postgresql-doc-15/html"
 def test_real_site_byte_identical_from_the_container():
     from test_real_site import check_every_file
 
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     out, tag = build(REAL, [])
     c = Container(tag, ["--workers", "2"])
     try:

@@ -22,7 +22,7 @@ from orisha.core.connection import App, Limits
 from orisha.core.dates import parse_http_date
 from orisha.core.negotiate import accept_encoding_mask, byte_range
 from orisha.core.request import decimal
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 NOW = 1_764_470_000.0
 

@@ -21,8 +21,8 @@ import subprocess
 import pytest
 from conftest import ROOT
 
-from orisha.admin import HEALTH_PATH, METRICS_PATH, READY_PATH
-from orisha.supervisor import STOP_SIGNALS
+from orisha.serving.admin import HEALTH_PATH, METRICS_PATH, READY_PATH
+from orisha.serving.pool import STOP_SIGNALS
 from orisha.targets.container import runtime
 
 yaml = pytest.importorskip("yaml")

@@ -313,7 +313,7 @@ def test_a_delta_exactly_when_the_rfc_says(delta_site, which, value, codings, di
 @pytest.fixture(scope="module")
 def delta_site(two_builds):
     """The second build's ``Site``, loaded in this process (the core called directly)."""
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     return load_site(two_builds[0])
 
 

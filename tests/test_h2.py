@@ -27,7 +27,7 @@ from tlsutil import (_stop_servers, client_context, h2c_port, hosted, pki, tls_c
 from orisha.core.connection import App
 from orisha.core.policy import Limits
 from orisha.protocols.front import Plain
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 NOW = 1_700_000_000.0
 

@@ -23,7 +23,7 @@ from orisha.core.connection import App
 from orisha.core.policy import Limits
 from orisha.protocols import h2 as H2
 from orisha.protocols.front import Plain
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 NOW = 1_700_000_000.0
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, \

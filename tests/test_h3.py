@@ -195,7 +195,7 @@ def test_many_streams_on_one_connection(builds, hosted, pki):
 def test_the_field_section_on_the_wire_is_the_builds(builds, pki):
     """What a client decodes is the build's Variant.h3 (or h3_304) + one Date literal."""
     from orisha.protocols.qpack_blocks import date_field
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     site = load_site(builds["notfound"])
     s = h3_server(builds, "epoll", pki)
     css = site.routes[b"/css/site.css"]
@@ -231,7 +231,7 @@ def test_a_page_with_early_hints_gets_a_103_before_its_200(builds, pki, loop):
     103 whose Link is the preload values of its 200, as the first field section of the
     stream — the bytes qpack_blocks.early_section made when the site was taken — then the
     200; a stylesheet, an image, the 404 page and a 304 get no 103."""
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     site = load_site(builds["notfound"])
     requests, want = _hint_cases(site)
     assert want[0] and not want[-1]
@@ -272,7 +272,7 @@ def test_every_built_section_decodes_to_its_head(builds):
     from orisha.protocols.fields import CONNECTION_FIELDS
     from orisha.protocols.hpack_blocks import variants
     from orisha.protocols.qpack_blocks import section
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     site = load_site(builds["notfound"])
     d = Decoder(0, 0)
     n = 0
@@ -296,7 +296,7 @@ def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki):
     from orisha.core.connection import App
     from orisha.protocols import h3
     from orisha.protocols.qpack_blocks import field
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     site = load_site(builds["notfound"])
     v = site.routes[b"/"].identity
     v.h3 += field(b"x-section", b"from-the-build")
@@ -313,7 +313,7 @@ def test_an_established_connection_heard_from_for_the_idle_timeout_is_forgotten(
     handshake (``quic_qh3.HANDSHAKE_HOLD``), so this is the endpoint's to keep."""
     from orisha.core.connection import App
     from orisha.protocols import h3
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 5))
     headers, _, _ = _in_memory(ep, pki)
     assert headers[b":status"] == b"200"
@@ -334,7 +334,7 @@ def test_a_connection_whose_client_has_not_confirmed_is_held_as_a_handshake(buil
     from orisha.core.connection import App
     from orisha.protocols import h3
     from orisha.protocols.quic_qh3 import HANDSHAKE_HOLD
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 5))
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
     config.load_verify_locations(pki.ca)
@@ -415,7 +415,7 @@ def _lossy(builds, pki, seed: int, shutdown: bool = False) -> tuple[dict, list]:
     from aioquic.quic.connection import QuicConnection
     from orisha.core.connection import App
     from orisha.protocols import h3
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     rng = random.Random(seed)
     ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 3))
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
@@ -517,7 +517,7 @@ def test_under_a_flood_of_handshakes_new_clients_get_a_retry(builds, pki):
     from aioquic.quic.packet import QuicPacketType, pull_quic_header
     from orisha.core.connection import App
     from orisha.protocols import h3
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
     headers, _, sent = _in_memory(ep, pki)
     assert headers[b":status"] == b"200"
@@ -676,7 +676,7 @@ def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
     from orisha.loops.base import Datagrams
     from orisha.loops.udp import Pump
     from orisha.protocols import h3
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -802,7 +802,7 @@ def _udp_port_whose_tcp_port_is_free() -> socket.socket:
 
 
 def test_a_udp_port_held_by_another_server_is_not_shared(builds, pki):
-    """HTTP/3's UDP sockets are claimed like the TCP listeners (orisha/ports.py): a second
+    """HTTP/3's UDP sockets are claimed like the TCP listeners (orisha/serving/ports.py): a second
     server on a held port exits with one line, the first serving h3 on; and a UDP port held
     alone — another QUIC server's reuseport socket of the same user, here this test's —
     is not joined silently either, although the TCP port is free."""

@@ -16,7 +16,7 @@ import zstandard
 from conftest import LOOPS, PURE, Server, orisha
 from httpraw import Conn
 
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 REAL = "/usr/share/doc/postgresql-doc-15/html"
 DECODE = {b"identity": lambda b: b, b"gzip": gzip.decompress, b"br": brotli.decompress,

@@ -441,7 +441,7 @@ def test_h2_sends_each_sites_built_blocks_and_its_103(two, builds):
     hpack_blocks.vocabulary — then the date field), not one encoded at run time."""
     from hpack import Decoder, Encoder
     from h2util import DATA, HEADERS, PREFACE, frame, read_frames, settings
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     s = _start("epoll", "--site", f"{A_NAMES}={two['a']}", "--site",
                f"{B_NAMES}={builds['notfound']}")
     try:

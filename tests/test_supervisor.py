@@ -22,8 +22,8 @@ import pytest
 from conftest import DEMO, LOOPS, PURE, ROOT, Server, demo_file, orisha, orisha_cmd
 from httpraw import Closed, Conn
 
-from orisha.admin import HEALTH_PATH, METRICS_PATH, READY_PATH
-from orisha.supervisor import MAX_DRAINING
+from orisha.serving.admin import HEALTH_PATH, METRICS_PATH, READY_PATH
+from orisha.serving.supervisor import MAX_DRAINING
 
 BIG = "/files/big.txt"
 # A stop grace far above any download here: nothing is cut short, however slow the machine.

@@ -21,7 +21,7 @@ from browser import chromium, load_pages
 from conftest import LOOPS, ROOT, Server, orisha
 from test_real_site import check_every_file, site_files
 
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 DOCS = "/usr/share/doc/python-panoramisk-doc/html"
 PAGES = ["index.html", "manager.html", "actions.html", "fast_agi.html", "genindex.html", "search.html"]

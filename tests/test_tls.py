@@ -314,7 +314,7 @@ _cache: dict = {}
 
 
 def _site(builds):
-    from orisha.server import load_site
+    from orisha.serving.server import load_site
     return _cache.setdefault("site", load_site(builds["notfound"]))
 
 

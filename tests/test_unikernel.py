@@ -27,7 +27,7 @@ from httpraw import Conn
 from test_early_400 import CLIENT_HELLO
 from unikernel_target import Booted
 
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 REAL = "/usr/share/doc/postgresql-doc-15/html"
 DECODE = {b"identity": lambda b: b, b"gzip": gzip.decompress, b"br": brotli.decompress,

@@ -77,7 +77,7 @@ from conftest import DEMO, TEST_LIMITS, orisha
 from hpack import Decoder, Encoder, HPACKError, NeverIndexedHeaderTuple
 from tlsutil import client_context, make_pki, serve
 
-from orisha.server import load_site
+from orisha.serving.server import load_site
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None,
                                 reason="apt-get install qemu-system-x86")

@@ -90,7 +90,7 @@ from ..core.connection import App
 # A connection's first answer (the graceful stop above): FRESH from its accept until a
 # receive leaves a response outgoing, LATE when the stop comes before that, then ANSWERED.
 ANSWERED, FRESH, LATE = 0, 1, 2
-BACKLOG = 4096  # listen(2) backlog of every listener (orisha/server.py opens them)
+BACKLOG = 4096  # listen(2) backlog of every listener (orisha/serving/server.py opens them)
 BATCH = 64  # datagrams read per turn at most (the datagram side, above)
 
 

@@ -83,7 +83,7 @@ EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.ta
 # HTTP/3 (qh3) and ACME (acme, josepy, requests, certifi, cryptography) are
 # frozen in: one image serves every option of `orisha serve`, as Caddy's does. server.py
 # imports both lazily, so they are named here; they cost the image a few MB (README).
-FEATURES = ["orisha.protocols.h3", "orisha.acme"]
+FEATURES = ["orisha.protocols.h3", "orisha.serving.acme"]
 # aioquic and pylsqpack are the build's (protocols/qpack_blocks.py), not the image's.
 FEATURE_PACKAGES = {"qh3": "h3", "acme": "acme", "josepy": "acme",
                     "requests": "acme", "certifi": "acme", "cryptography": "acme"}

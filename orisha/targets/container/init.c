@@ -17,10 +17,10 @@
  *    Outside a container (PID != 1) it makes itself a child subreaper, so the same holds.
  * 2. `/init --health [URL]` (the HEALTHCHECK): GET URL (default
  *    http://127.0.0.1:$ADMIN_PORT + READY_PATH), exit 0 on a 2xx, else 1 with the reason:
- *    `orisha health`'s probe (orisha/admin.py check) in one process that forks nothing,
+ *    `orisha health`'s probe (orisha/serving/admin.py check) in one process that forks nothing,
  *    unpacks nothing and allocates nothing, so a killed check leaves nothing behind.
  *
- * Built with musl-gcc -static (71 KB). READY_PATH and CHECK_TIMEOUT come from orisha/admin.py
+ * Built with musl-gcc -static (71 KB). READY_PATH and CHECK_TIMEOUT come from orisha/serving/admin.py
  * on the compiler's command line
  * (orisha/targets/container/build.py), not retyped here.
  */

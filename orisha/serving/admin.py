@@ -25,7 +25,7 @@ import socket
 from typing import Callable, NamedTuple
 from urllib.parse import urlsplit
 
-from .core.policy import ERROR_STATUSES, STATS_SLOTS, Stat
+from ..core.policy import ERROR_STATUSES, STATS_SLOTS, Stat
 
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
@@ -46,7 +46,7 @@ class Status(NamedTuple):
     reloads: int
     draining: int  # generations still finishing their responses
     sites: tuple = ()  # several sites: (host names, build summary) of each, in --site order
-    # More (name, type, help, value) series: the ACME manager's (orisha/acme.py), certificate
+    # More (name, type, help, value) series: the ACME manager's (orisha/serving/acme.py), certificate
     # file reloads.
     extra: tuple = ()
 

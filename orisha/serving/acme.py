@@ -1,7 +1,7 @@
 """Certificates from an ACME CA (RFC 8555): obtained, stored, renewed by the supervisor.
 
 Strategy: ``orisha serve OUT --domain D… --acme-email ME`` makes a ``Manager``
-that the supervisor steps every turn (orisha/supervisor.py). The talking to the
+that the supervisor steps every turn (orisha/serving/supervisor.py). The talking to the
 CA — blocking HTTPS through certbot's ``acme`` library — happens in a *helper*
 process the manager forks per attempt, so the supervisor never waits on a CA
 (it keeps reaping, reloading and answering probes) and never holds a thread
@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 
-from .errors import ServeError
+from ..errors import ServeError
 
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
 ACME_IDENTIFIER = "1.3.6.1.5.5.7.1.31"  # id-pe-acmeIdentifier (RFC 8737 §3)
@@ -194,7 +194,7 @@ def challenge_certificate(domain: str, key_authorization: str) -> tuple[bytes, b
 def context_from_pem(cert_pem: bytes, key_pem: bytes, minimum: str, alpn=None) -> ssl.SSLContext:
     """A server context for PEM bytes (the stdlib loads certificates from files only: a
     private temporary folder, removed at once)."""
-    from .protocols import tls
+    from ..protocols import tls
     with tempfile.TemporaryDirectory(prefix="orisha-tls-") as d:
         cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
         write_private(cert, cert_pem)
@@ -247,7 +247,7 @@ class Manager:
     # -- what the workers get ------------------------------------------------------
     def context(self) -> ssl.SSLContext:
         """The context that presents the current certificate."""
-        from .protocols import tls
+        from ..protocols import tls
         if self.stored.covers(self.domains):
             return tls.context(self.stored.cert, self.stored.key, self.minimum)
         if self.placeholder is None:  # nothing issued yet: a throwaway self-signed certificate
@@ -256,7 +256,7 @@ class Manager:
 
     def protocols(self):
         """The TLS port's protocols object for a new generation (server.py's factory)."""
-        from .protocols import tls
+        from ..protocols import tls
         # by_names: the SNI is recorded even for one certificate (a server of several sites
         # with one certificate naming them all answers 421 for a Host of another site).
         return tls.Tls(tls.by_names([(self.domains, self.context())]),
@@ -264,7 +264,7 @@ class Manager:
 
     def certificates(self) -> list[tuple[list[str], str, str]]:
         """(domains, certificate file, key file) of the issued certificate, or nothing yet:
-        what HTTP/3's configuration is made of (orisha/server.py, each generation)."""
+        what HTTP/3's configuration is made of (orisha/serving/server.py, each generation)."""
         if self.stored.covers(self.domains):
             return [(self.domains, self.stored.cert, self.stored.key)]
         return []
@@ -471,7 +471,7 @@ class Several:
         return {t: ka for m in self.managers for t, ka in m.tokens.items()}
 
     def protocols(self):
-        from .protocols import tls
+        from ..protocols import tls
         return tls.Tls(tls.by_names([(m.domains, m.context()) for m in self.managers]),
                        challenges={n: c for m in self.managers for n, c in m.alpn.items()})
 

@@ -3,7 +3,7 @@
 Strategy: the parent loads the build (so the generated module and the mapped
 blob are shared by every worker after fork), opens one SO_REUSEPORT listener
 per worker, chooses the loop body once and hands all of it to the
-``Supervisor`` (orisha/supervisor.py), which forks the workers — worker i
+``Supervisor`` (orisha/serving/supervisor.py), which forks the workers — worker i
 serves listener i — and keeps them running through deaths, reloads and stops.
 The parent keeps the listeners open until a stop: when a worker dies,
 connections queued on its listener wait for the replacement instead of being
@@ -19,13 +19,14 @@ import os
 import socket
 import sys
 
-from . import loops, ports
+from .. import loops
+from . import ports
 from .admin import METRICS_PATH
-from .core.hosts import Hosts
-from .core.policy import Limits
-from .loops.base import BACKLOG
-from .errors import LoopUnavailable, ServeError
-from .manifest import is_build
+from ..core.hosts import Hosts
+from ..core.policy import Limits
+from ..loops.base import BACKLOG
+from ..errors import LoopUnavailable, ServeError
+from ..manifest import is_build
 from .supervisor import FileWatch, Supervisor
 
 
@@ -126,7 +127,7 @@ def listeners(host: str, port: int, count: int, share: bool = True,
 
 def _group(host: str, port: int, family: int, addr, count: int, share: bool,
            v6only: bool) -> list[socket.socket]:
-    """The listeners, once the probe found the port free (orisha/ports.py)."""
+    """The listeners, once the probe found the port free (orisha/serving/ports.py)."""
     taken = ports.probe(family, addr, v6only=v6only) if port else None
     if taken is not None:
         raise PortError(_taken(host, port, taken), taken.errno)
@@ -223,13 +224,13 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
     (each address at least one: the supervisor forks one worker per listener).
     SIGHUP reloads a build folder with zero downtime: a new generation of
     workers starts on the same listeners, then the old one stops gracefully.
-    ``admin_port``: health probes and metrics (orisha/admin.py) on ``admin_host``.
+    ``admin_port``: health probes and metrics (orisha/serving/admin.py) on ``admin_host``.
     ``tls_cert``/``tls_key``: the port speaks TLS (HTTP/2 by ALPN, orisha/protocols/tls.py);
     a reload reads them anew, and so does a change to either file (polled each second).
     Without them: cleartext HTTP/1.1 and h2c. Both may be sequences of as many files: SNI
     picks the certificate (``tls.by_sni``). ``sites``: several sites, (host names, build
     folder) pairs, instead of ``build_dir``; Host (HTTP/2: :authority) chooses one, the
-    first answers unknown hosts. ``domains``: certificates from ACME (orisha/acme.py);
+    first answers unknown hosts. ``domains``: certificates from ACME (orisha/serving/acme.py);
     with ``sites``, ``acme_email`` alone gets each site a certificate for its names.
     ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
     HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers. ``http3`` (TLS):
@@ -370,7 +371,7 @@ def _quic_pairs(acme, certs: tuple, keys: tuple):
     each renewal, when ``Supervisor._renew`` makes the configuration again)."""
     if acme:
         return acme.certificates
-    from .protocols import tls
+    from ..protocols import tls
 
     def files():
         pairs = []
@@ -402,7 +403,7 @@ def _seq(files) -> tuple:
 
 def tls_layer() -> str:
     """Which TLS layer serves (orisha/protocols/tls.py, the end): for the start-up lines."""
-    from .protocols import tls
+    from ..protocols import tls
     return ("tls compiled: OpenSSL called from C" if tls.LAYER == "compiled"
             else "tls pure: ssl.SSLObject")
 
@@ -411,11 +412,11 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
     """What makes each worker generation's protocols object (orisha/protocols/)."""
     certs, keys = _seq(cert), _seq(key)
     if not certs and not keys:
-        from .protocols.front import Plain  # HTTP/1.1, and h2c for clients that know
+        from ..protocols.front import Plain  # HTTP/1.1, and h2c for clients that know
         return Plain
     if len(certs) != len(keys) or not all(certs) or not all(keys):
         raise ServeError("--tls-cert and --tls-key go together (one key per certificate)")
-    from .protocols import tls  # ssl is imported only by a server that speaks TLS
+    from ..protocols import tls  # ssl is imported only by a server that speaks TLS
     print(f"orisha: {tls.probe_ktls()}; TLS in user space over in-memory BIOs ({tls_layer()})",
           file=sys.stderr)
     return lambda: tls.Tls(tls.by_sni([(c, tls.context(c, k, minimum))
@@ -424,7 +425,7 @@ def _protocols(cert: str | None, key: str | None, minimum: str):
 
 def _acme(domains, tls_cert, email, directory, ca, state, minimum: str, http: bool,
           sites=None):
-    """The ACME manager (orisha/acme.py) for ``--domain``, or for ``--site`` with
+    """The ACME manager (orisha/serving/acme.py) for ``--domain``, or for ``--site`` with
     ``--acme-email`` (each site's names, one certificate per site: ``acme.Several``), or None."""
     if sites is not None and email and not tls_cert:
         check_site_names(sites, domains)
@@ -482,9 +483,9 @@ def _with_hsts(load, seconds: int | None):
         return load
 
     def loaded(arg):
-        from .core.upgrade import hsts
-        from .protocols.hpack_blocks import block
-        from .protocols.qpack_blocks import section
+        from ..core.upgrade import hsts
+        from ..protocols.hpack_blocks import block
+        from ..protocols.qpack_blocks import section
         return hsts(load(arg), seconds, encode=block, section=section)
     return loaded
 
@@ -492,7 +493,7 @@ def _with_hsts(load, seconds: int | None):
 def _h2_taken(site):
     """``site`` with HTTP/2's tables of its builds' blocks made (``h2.take``), here in the
     supervisor, so that every worker of its generation forks with them."""
-    from .protocols.h2 import take
+    from ..protocols.h2 import take
     take(site)
     return site
 
@@ -500,7 +501,7 @@ def _h2_taken(site):
 def _plain_app(https_port: int, acme):
     """What makes a plain-port worker's app: the redirect to https, with this generation's
     HTTP-01 tokens (read from the ACME manager when the worker is forked)."""
-    from .core.upgrade import Upgrade
+    from ..core.upgrade import Upgrade
 
     def make(site, limits, publish=None, log=None):
         return Upgrade(site, limits, publish=publish, log=log, https_port=https_port,
@@ -512,11 +513,11 @@ def _quic(pairs, limits: Limits, retry: bool = False):
     """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
     no certificate), and checks it once."""
     try:
-        from .protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
+        from ..protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
     except ImportError as e:
         raise ServeError(f"HTTP/3 needs qh3 (a dependency of orisha: pip install qh3==2.1.0), or --no-http3: {e}") \
             from None
-    from .protocols.quic_tickets import Tickets
+    from ..protocols.quic_tickets import Tickets
     tickets = Tickets()  # before the fork: one table for every worker of every generation
     make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets, retry)  # noqa: E731
     make()
@@ -526,7 +527,7 @@ def _quic(pairs, limits: Limits, retry: bool = False):
 def _advertise(port: int) -> bytes:
     """Alt-Svc (RFC 7838) for the TLS port's responses, known only now (the port): the
     HTTP/1.1 line the core splices beside Date, and the HTTP/2 field after h2's date."""
-    from .protocols import hpack_blocks
+    from ..protocols import hpack_blocks
     value = b'h3=":%d"; ma=86400' % port
     hpack_blocks.advertise(b"alt-svc", value)  # before the fork: every worker's h2 has it
     return b"Alt-Svc: " + value + b"\r\n"

@@ -35,7 +35,7 @@ import socket
 import sys
 import time
 
-from .errors import ServeError
+from ..errors import ServeError
 
 LOCK_WAIT = 5.0  # seconds another server's start-up may hold the port's lock
 _LISTEN = "0A"  # /proc/net/tcp state of a listener (TCP_LISTEN)
