@@ -27,7 +27,8 @@ from ..core.policy import Limits
 from ..loops.base import BACKLOG
 from ..errors import LoopUnavailable, ServeError
 from ..manifest import is_build
-from .supervisor import FileWatch, Supervisor
+from .supervisor import Supervisor
+from .watch import FileWatch
 
 
 def load_site(build_dir: str):

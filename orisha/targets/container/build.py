@@ -317,7 +317,7 @@ def init_executable() -> str:
     musl-gcc -static: like the executable, it runs on any x86-64 kernel with nothing installed,
     in 71 KB (glibc's static floor is 680 KB, which the image's size goal has no room for).
     The admin path and the probe's timeout are admin.py's."""
-    from ...admin import CHECK_TIMEOUT, READY_PATH
+    from ...serving.admin import CHECK_TIMEOUT, READY_PATH
     flags = ["-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror",
              f'-DREADY_PATH="{READY_PATH}"', f"-DCHECK_TIMEOUT={CHECK_TIMEOUT:g}"]
     with open(INIT_SOURCE, "rb") as f:

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     from ...core.policy import LIMITS, Limits
     from ...errors import OrishaError
-    from ...server import run
+    from ...serving.server import run
     if args.health is not None:
         return health(args.health, args.admin_port)
     try:
@@ -213,13 +213,13 @@ def stop_seconds(grace: float) -> float:
     """The longest SIGTERM → exit may take: the workers finish in-flight responses
     (``grace``), one that has not is SIGKILLed ``KILL_AFTER`` later, then ``drain``
     waits for the peers (``grace`` again). An orchestrator's grace must cover it."""
-    from ...supervisor import KILL_AFTER
+    from ...serving.pool import KILL_AFTER
     return grace + KILL_AFTER + grace
 
 
 def health(url: str, admin_port: int | None) -> int:
     """``--health [URL]``: the probe ``orisha health URL`` runs, without loading the site."""
-    from ...admin import READY_PATH, check
+    from ...serving.admin import READY_PATH, check
     if not url:
         if not admin_port:
             print("orisha: error: --health needs a URL or $ADMIN_PORT", file=sys.stderr)
