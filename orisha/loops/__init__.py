@@ -166,7 +166,7 @@ def module(name: str) -> str:
 
 def compiled_core_loaded() -> bool:
     """True when the compiled core runs: the compiled bodies call its connections at C level
-    (orisha/core/seam.pxd), so with the .py core (stale, or not built) the pure body runs."""
+    (orisha/loops/seam.pxd), so with the .py core (stale, or not built) the pure body runs."""
     from ..core import connection
     return not connection.__file__.endswith(".py")
 

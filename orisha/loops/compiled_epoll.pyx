@@ -20,8 +20,8 @@ from libc.errno cimport EAGAIN, ECONNABORTED, EINTR, EMFILE, ENFILE, ENOBUFS, EN
 from libc.string cimport memset
 from posix.unistd cimport close as c_close
 
-from ..core cimport seam
-from ..core.seam cimport Calls, Kinds, calls_of, kinds_init
+from . cimport seam
+from .seam cimport Calls, Kinds, calls_of, kinds_init
 from ..blob import FileRegion, release as release_maps
 try:
     from .compiled_udp import Pump
@@ -49,7 +49,7 @@ cdef inline double _now() noexcept nogil:
 
 cdef class _Conn:
     cdef object conn
-    cdef const Calls *calls       # its contract at C level, or NULL: through Python (seam.pxd)
+    cdef const Calls *calls       # its contract at C level, or NULL: through Python (loops/seam.pxd)
     cdef int fd, watched
     cdef int first                # its first answer: FRESH, LATE, ANSWERED (base.py)
     cdef bint may_shut

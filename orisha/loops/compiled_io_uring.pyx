@@ -48,8 +48,8 @@ from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_
 from posix.unistd cimport close as c_close
 
 from liburing.queue cimport io_uring as Ring
-from ..core cimport seam
-from ..core.seam cimport Calls, Kinds, calls_of, kinds_init
+from . cimport seam
+from .seam cimport Calls, Kinds, calls_of, kinds_init
 from liburing.queue cimport io_uring_cqe as Cqe
 from liburing.queue cimport io_uring_queue_exit, io_uring_queue_init
 from liburing.queue cimport io_uring_submit, io_uring_submit_and_wait_timeout
@@ -100,7 +100,7 @@ cdef inline double _now() noexcept nogil:
 
 cdef class _Conn:
     cdef object conn
-    cdef const Calls *calls      # its contract at C level, or NULL: through Python (seam.pxd)
+    cdef const Calls *calls      # its contract at C level, or NULL: through Python (loops/seam.pxd)
     cdef long id
     cdef int fd
     cdef bint recv_armed, sending, closing, cancelled, shut, shutting

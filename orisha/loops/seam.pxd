@@ -1,8 +1,11 @@
 # The loop-body contract of orisha/loops/base.py at C level, for the compiled loop bodies and
 # the compiled TLS layer (which drives its inner connection through the same contract).
 #
-# A connection whose class is the compiled core's ``Connection`` itself, or ``front.Http1``
-# (which adds nothing to it), or the compiled TLS layer's ``TlsConnection``, gets its
+# A connection whose class is the compiled core's ``Connection`` itself, or the class a
+# protocols object names as its HTTP/1.1 connections (``h1_type``: ``front.Http1``, which
+# overrides none of the contract), or a protocols object's own connections with a table of
+# C calls (``connection_type`` and its ``calls`` capsule: the compiled TLS layer's
+# ``TlsConnection``), gets its
 # contract calls as C calls through a ``Calls`` table: no attribute lookup, no bound method,
 # no boxed ``now`` (the last profile of the compiled epoll worker put a fifth of its time
 # in libpython, mostly that). Every other connection — ``Sniffing`` before its first read,
@@ -14,7 +17,7 @@
 
 from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from .connection cimport Connection
+from ..core.connection cimport Connection
 
 ctypedef int (*receive_f)(object, bytes, double) except -1
 ctypedef int (*sent_f)(object, Py_ssize_t, double) except -1
@@ -39,7 +42,7 @@ ctypedef struct Kinds:
 # The capsule name of a layer's table (``Tls.calls`` in compiled_tls.pyx).
 cdef extern from *:
     """
-    #define ORISHA_CALLS "orisha.core.seam.Calls"
+    #define ORISHA_CALLS "orisha.loops.seam.Calls"
     """
     const char *ORISHA_CALLS
 
@@ -68,11 +71,15 @@ cdef inline bint _h1_shut_write(object c) except -1:
 
 
 cdef inline int kinds_init(Kinds *k, object protocols) except -1:
-    """The kinds a module calls at C level: HTTP/1.1 always, TLS where ``protocols`` is the
-    compiled layer's ``Tls`` (its ``calls`` capsule and ``connection_type``)."""
-    from orisha.protocols.front import Http1  # the core's Connection, switched to by class
+    """The kinds a module calls at C level, as ``protocols`` registers them: the core's
+    Connection always; its ``h1_type`` (the class its HTTP/1.1 connections become, a core
+    Connection that overrides none of the contract); its ``connection_type`` where it has
+    a ``calls`` capsule of C calls (the compiled TLS layer's ``Tls``)."""
     k.core = <PyTypeObject *>Connection
-    k.h1 = <PyTypeObject *>Http1
+    h1 = getattr(protocols, "h1_type", None)
+    if h1 is not None and not issubclass(h1, Connection):
+        raise TypeError(f"{h1!r}: an h1_type is a subclass of the core's Connection")
+    k.h1 = <PyTypeObject *>h1 if h1 is not None else NULL
     k.h1_calls.receive = _h1_receive
     k.h1_calls.sent = _h1_sent
     k.h1_calls.outgoing = _h1_outgoing
@@ -90,7 +97,7 @@ cdef inline int kinds_init(Kinds *k, object protocols) except -1:
 cdef inline const Calls *calls_of(const Kinds *k, object conn) noexcept:
     """``conn``'s table, or NULL: called through Python."""
     cdef PyTypeObject *t = Py_TYPE(conn)
-    if t == k.h1 or t == k.core:
+    if t == k.h1 or t == k.core:  # k.h1 NULL: never a connection's type
         return &k.h1_calls
     if t == k.tls and t != NULL:
         return k.tls_calls

@@ -39,16 +39,16 @@ from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_New
 
-from ..core cimport seam
+from ..loops cimport seam
 from ..core.connection cimport c_clear  # list.clear in C (the core's helper)
-from ..core.seam cimport Calls, Kinds, ORISHA_CALLS, calls_of, kinds_init
+from ..loops.seam cimport Calls, Kinds, ORISHA_CALLS, calls_of, kinds_init
 
 from ..blob import FileRegion
 from ..core.connection import Tail
 from ..core.outgoing import consume
 from ..core.policy import LINGER
 from ..errors import ServeError
-from .front import Sniffing, to_h2
+from .front import Plain, Sniffing, to_h2
 from .h2 cimport H2Connection  # the compiled h2: tls.py loads this module only beside it
 from . import tls as _tls  # the pure layer: constants, client_hello (it imports us at its end)
 
@@ -75,7 +75,7 @@ cdef bytes H2 = b"h2"
 # and nothing else in a worker shares it (the stdlib's ssl and hashlib clear what they
 # raise; aioquic's and ACME's cryptography bundles its own OpenSSL).
 cdef Kinds _INNER  # the inner connection's kinds: the compiled core's HTTP/1.1 at C level
-kinds_init(&_INNER, None)
+kinds_init(&_INNER, Plain)  # its HTTP/1.1 connections are Plain's (Sniffing's choice)
 
 
 cdef struct Alpn:
@@ -543,7 +543,7 @@ cdef class TlsConnection:
 
     # The inner connection's side of the contract: the HTTP/2 layer's own fields and
     # methods where ALPN chose h2, the compiled core's HTTP/1.1 connection through its
-    # table (orisha/core/seam.pxd): C calls both; else Python calls.
+    # table (orisha/loops/seam.pxd): C calls both; else Python calls.
     cdef inline list _outgoing(self):
         return self.h2.out if self.h2 is not None else seam.outgoing(self.calls, self.inner)
 
@@ -651,7 +651,7 @@ cdef class TlsConnection:
                 self.shut_write = True
 
 
-# -- the contract at C level for the compiled loop bodies (orisha/core/seam.pxd) -----------
+# -- the contract at C level for the compiled loop bodies (orisha/loops/seam.pxd) -----------
 cdef int _receive(object c, bytes data, double now) except -1:
     (<TlsConnection>c).receive(data, now)
     return 0

@@ -104,6 +104,10 @@ class Plain:
     """The cleartext port: HTTP/1.1, and HTTP/2 with prior knowledge."""
 
     name = "http"
+    # The class its HTTP/1.1 connections become (Sniffing's choice): the core's Connection,
+    # overriding none of the contract, so the compiled loops call it at C level
+    # (orisha/loops/seam.pxd).
+    h1_type = Http1
 
     def connect(self, app, now: float, peer: str, refuse: bool) -> Connection:
         conn = Sniffing(app, now, peer)
