@@ -761,8 +761,12 @@ static int stale_retry_pending;
 
 static void stale_retry(void *arg)
 {
+    (void)arg;
     stale_retry_pending = 0;
-    admit_waiting(arg);
+    /* Through schedule_admissions, never admit_waiting itself: that clears retry_pending
+     * while its own timeout may still be queued, and each later schedule then queued one
+     * more, until lwIP's timeout pool was empty (a PANIC in a burst of 1,000). */
+    schedule_admissions();
 }
 
 static void admit_waiting(void *arg)
