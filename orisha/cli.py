@@ -16,6 +16,7 @@ from .core.policy import DICTIONARIES_KEPT, LIMITS, RANGES, Limits, Range
 # The build step (and brotli, zstandard, multiprocessing) is imported only by the commands
 # that build: a serving process stays small, and its workers share less heap to copy.
 from .errors import OrishaError
+from .serving.options import CHOICE, RANGED, SERVE, SWITCH
 from .targets import BUILD_CHOICES as LOOPS
 from .targets import TARGETS, UNIKERNEL, booted, chosen
 
@@ -189,55 +190,36 @@ def _limit_options(f):
     return f
 
 
+def _serve_options(f):
+    """One click option per ``orisha.serving.options.SERVE``: the table the container's
+    executable reads too."""
+    for o in reversed(SERVE):
+        text, kw = o.help, {"metavar": o.metavar}
+        if o.values == RANGED:
+            kw["type"] = _Ranged(RANGES[o.flag])
+            text += f" ({RANGES[o.flag].text()})"
+        elif o.values == CHOICE:
+            kw["type"] = click.Choice(o.choices)
+        if o.values == SWITCH:
+            kw = {"is_flag": True, "flag_value": not o.default, "default": o.default}
+        else:
+            kw["multiple"] = o.many
+            if o.default is not None:
+                kw.update(default=o.default, show_default=True)
+        if o.default_text:
+            text += f"  [default: {o.default_text}]"
+        f = click.option(f"--{o.flag}", o.attr, help=text, **kw)(f)
+    return f
+
+
 @main.command()
 @click.argument("path", type=click.Path(), required=False)
-@click.option("--site", "sites", multiple=True, metavar="HOST=PATH",
-              help="Serve several sites: PATH (a build or a site) for Host HOST (a,b: several "
-              "names; *.example.org: every name under it). Repeat it; the first answers "
-              "unknown hosts. Instead of PATH.")
-@click.option("--host", "hosts", multiple=True, metavar="ADDRESS", help="Listen on ADDRESS "
-              "(TCP, and UDP for HTTP/3); repeat it, or a,b, for several  [default: 127.0.0.1 "
-              "and ::1]")
-@_ranged("port", help="[default: 8080; 443 with --domain]")
-@_ranged("workers", help="Worker processes [default: one per core].")
-@click.option("--loop", type=click.Choice(LOOPS[:-1]), help="Override the loop recorded in the build.")
-@click.option("--fallback", metavar="FILE", help="When PATH is a site: SPA fallback document.")
-@click.option("--not-found", metavar="FILE", help="When PATH is a site: 404 document.")
-@click.option("--access-log", metavar="PATH", help="Append a common-log-format access log to PATH ('-': stdout). Off by default.")
-@_ranged("admin-port", metavar="PORT",
-              help="Serve /healthz, /readyz and Prometheus /metrics on PORT. Off by default.")
-@click.option("--admin-host", default="127.0.0.1", show_default=True, metavar="HOST",
-              help="Address of the admin port (0.0.0.0: where a kubelet or a load balancer probes).")
-@click.option("--tls-cert", metavar="FILE", multiple=True, help="PEM certificate (chain allowed): "
-              "the port speaks TLS, HTTP/2 and HTTP/1.1 by ALPN. SIGHUP reads it again. Repeat "
-              "it (with --tls-key) for several: SNI picks the one whose names match.")
-@click.option("--tls-key", metavar="FILE", multiple=True, help="PEM private key of --tls-cert.")
-@click.option("--tls-min", type=click.Choice(["1.2", "1.3"]), default="1.2", show_default=True,
-              help="Oldest TLS version accepted.")
-@_ranged("http-port", metavar="PORT", help="With TLS: also listen on PORT "
-              "(plain HTTP), answering every request with a 308 to https (and ACME HTTP-01).")
-@_ranged("hsts", metavar="SECONDS",
-              help="With TLS: Strict-Transport-Security: max-age=SECONDS on every response.")
-@click.option("--domain", "domains", multiple=True, metavar="NAME", help="Certificates from "
-              "ACME (instead of --tls-cert): one certificate naming every --domain (repeatable). "
-              "With --site, not needed: the sites' names are the domains.")
-@click.option("--acme-email", metavar="ME", help="Contact address of the ACME account. With "
-              "--site (and no --tls-cert): a certificate from ACME for each site's names.")
-@click.option("--acme-directory", metavar="URL", help="ACME directory [default: Let's "
-              "Encrypt's production directory].")
-@click.option("--acme-ca", metavar="FILE", help="CA bundle to trust for the ACME directory's "
-              "own HTTPS (private CAs, tests).")
-@click.option("--state", metavar="DIR", help="ACME state: account key, certificate and key "
-              "[default: $ORISHA_STATE or ~/.local/share/orisha].")
-@click.option("--no-http3", is_flag=True, help="With TLS: no HTTP/3 on the same port over UDP.")
-@click.option("--quic-retry", is_flag=True, help="HTTP/3: every new client first proves its "
-              "address with a Retry (RFC 9000 §8.1.2) [default: only during a flood of handshakes].")
+@_serve_options
 @_limit_options
 def serve(path, sites, hosts, port, workers, loop, fallback, not_found, access_log, admin_port,
           admin_host, tls_cert, tls_key, tls_min, http_port, hsts, domains, acme_email,
-          acme_directory, acme_ca, state, **limits) -> None:
+          acme_directory, acme_ca, state, http3, quic_retry, **limits) -> None:
     """Serve a build (or a site directory, built first into a cache folder)."""
-    http3, quic_retry = not limits.pop("no_http3"), limits.pop("quic_retry")
     from .serving.server import LOOPBACK, hosts_of
     host = hosts_of(hosts) if hosts else LOOPBACK  # both loopback families (::1 where it exists)
     acme_sites = bool(sites) and bool(acme_email) and not tls_cert  # each site's names

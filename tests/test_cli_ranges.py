@@ -98,12 +98,41 @@ def test_what_a_new_user_tried_on_a_real_site(args, line):
 def test_the_container_takes_the_same_ranges():
     from orisha.targets.container.runtime import parser
     p = parser()
-    with pytest.raises(SystemExit):
-        p.parse_args(["--head-limit", "0"])
-    with pytest.raises(SystemExit):
-        p.parse_args(["--port", "65536"])
+    for args in (["--head-limit", "0"], ["--port", "65536"], ["--http-port", "65536"],
+                 ["--admin-port", "-1"], ["--workers", "2000"], ["--hsts", "-1"]):
+        with pytest.raises(SystemExit):  # the last four were plain ints before the one table
+            p.parse_args(args)
     a = p.parse_args(["--head-limit", "64", "--idle-timeout", "0.5", "--port", "0"])
     assert (a.head, a.idle_timeout, a.port) == (64, 0.5, 0)
+
+
+def test_orisha_serve_and_the_container_read_one_table_of_options():
+    """Every option of orisha/serving/options.py SERVE is an option of `orisha serve` and,
+    unless it builds a site, of the container's executable, under the same name; the
+    container's variable sets it, and a flag given overrides the variable."""
+    from click.testing import CliRunner
+
+    from orisha.cli import main
+    from orisha.serving.options import SERVE
+    from orisha.targets.container.runtime import parser
+    serve_help = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
+    actions = {a.option_strings[0]: a for a in parser()._actions if a.option_strings}
+    for o in SERVE:
+        assert f"--{o.flag}" in serve_help, o.flag
+        assert (f"--{o.flag}" in actions) == o.container, o.flag
+        if o.container:
+            assert actions[f"--{o.flag}"].dest == o.attr
+    env = {"HOST": "10.0.0.1,::", "TLS_CERT": "/c/a.pem", "QUIC_RETRY": "1", "HTTP3": "0",
+           "ADMIN_PORT": "0", "ACCESS_LOG": "-", "LOOP": "epoll"}
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        a = parser().parse_args(["--tls-cert", "/c/b.pem", "--tls-cert", "/c/c.pem"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert (a.hosts, a.tls_cert, a.quic_retry, a.http3, a.admin_port, a.access_log, a.loop) == (
+        ["10.0.0.1", "::"], ["/c/b.pem", "/c/c.pem"], True, False, None, "-", "epoll")
 
 
 def test_the_kernel_header_carries_the_ranges():

@@ -178,6 +178,34 @@ def test_port_is_configurable(demo, how):
         docker("stop", cid, check=False)
 
 
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_the_access_log_of_orisha_serve_works_in_the_container(demo, how):
+    """The executable takes `orisha serve`'s options from the one table
+    (orisha/serving/options.py), each with its variable: ``ACCESS_LOG=-`` or
+    ``--access-log -`` logs each request to stdout (the container had no access log)."""
+    _, tag = demo
+    r = docker("run", "-d", "--rm", "-p", "127.0.0.1:0:8080",
+               *(["-e", "ACCESS_LOG=-"] if how == "env" else []), tag,
+               *(["--access-log", "-"] if how == "flag" else []))
+    cid = r.stdout.strip()
+    try:
+        port = int(docker("port", cid, "8080/tcp").stdout.split()[0].rsplit(":", 1)[1])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = Conn(port).request("/css/site.css")
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert r.status == 200
+        from test_supervisor import wait_for  # a worker hands its log lines over once a second
+        assert wait_for(lambda: '"GET /css/site.css HTTP/1.1" 200 ' in docker("logs", cid).stdout,
+                        10), docker("logs", cid).stdout
+    finally:
+        docker("stop", cid, check=False)
+
+
 def test_the_admin_port_of_the_image_is_not_shared_with_the_serving_port(demo):
     """The image sets ADMIN_PORT=9090: serving on 9090 too is a one-line error, not a port
     whose connections the kernel deals out between the site and the admin answers."""

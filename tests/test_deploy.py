@@ -268,5 +268,6 @@ def test_the_cert_manager_overlay_mounts_the_secret_the_certificate_names():
     assert tls["secret"]["secretName"] == objs["Certificate"]["spec"]["secretName"]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == "tls"]
     assert "subPath" not in mount  # a subPath file is never updated on renewal
-    assert os.path.dirname(args.tls_cert) == mount["mountPath"] == os.path.dirname(args.tls_key)
+    (cert,), (key,) = args.tls_cert, args.tls_key  # --tls-cert repeats (SNI): one pair here
+    assert os.path.dirname(cert) == mount["mountPath"] == os.path.dirname(key)
     _ports_line_up(objs, c)

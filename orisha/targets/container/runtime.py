@@ -85,10 +85,12 @@ def load_site(path: str | None = None):
 
 
 def parser():
+    """`orisha serve`'s options (orisha/serving/options.py, each set by its environment
+    variable too) and the limits, as argparse reads them; then --health and --info."""
     import argparse
 
     from ...core.policy import LIMITS, RANGES
-    env = os.environ.get
+    from ...serving.options import CHOICE, RANGED, SERVE, SWITCH
 
     def ranged(r, flag):  # the range of orisha/core/policy.py, as `orisha serve` checks it
         def parse(text):
@@ -99,67 +101,50 @@ def parser():
         return parse
     p = argparse.ArgumentParser(
         prog="orisha", description="Serve the static site built into this executable.")
-    p.add_argument("--host", default=env("HOST", "0.0.0.0"),
-                   help="Address to listen on [$HOST, default 0.0.0.0].")
-    p.add_argument("--port", type=ranged(RANGES["port"], "--port"), default=env("PORT", "8080"),
-                   help="Port to listen on [$PORT, default 8080].")
-    p.add_argument("--workers", type=int, default=int(env("WORKERS", "0")) or None,
-                   help="Worker processes [$WORKERS, default one per core].")
-    p.add_argument("--loop", help="Override the loop recorded in the build.")
-    p.add_argument("--admin-port", type=int, default=int(env("ADMIN_PORT", "0")) or None,
-                   help="Serve /healthz, /readyz and /metrics on this port [$ADMIN_PORT; "
-                        "the image sets 9090; off without it].")
-    p.add_argument("--admin-host", default=env("ADMIN_HOST", "0.0.0.0"),
-                   help="Address of the admin port [$ADMIN_HOST, default 0.0.0.0: the "
-                        "kubelet probes the pod's address].")
-    p.add_argument("--health", nargs="?", const="", metavar="URL",
-                   help="Probe URL (default http://127.0.0.1:$ADMIN_PORT/readyz) and exit 0 "
-                        "on a 2xx, else 1: a HEALTHCHECK for an image without a shell or curl.")
-    p.add_argument("--site", dest="sites", action="append", metavar="HOST[=PATH]",
-                   help="Several sites: HOST (a,b: several names; *.example.org) alone names "
-                        "the build in this executable; HOST=PATH adds a build folder mounted "
-                        "into the container (`orisha build SITE -o PATH`). Repeat it; the first "
-                        "answers unknown hosts.")
-    _tls_options(p, env)
+    for o in SERVE:
+        if not o.container:  # orisha serve's alone (it builds a site; this holds a build)
+            continue
+        default = o.env_default(os.environ)
+        said = (f"default {' '.join(default) if o.many else default}"
+                if default and o.values != SWITCH else "")
+        said = ", ".join(x for x in (f"${o.env}" if o.env else "", said) if x)
+        kw = {"dest": o.attr, "default": default,
+              "help": f"{o.image_help or o.help}" + (f" [{said}]" if said else "")}
+        if o.values == SWITCH:
+            kw.update(action="store_const", const=not o.default)
+        else:
+            kw["metavar"] = o.metavar
+            if o.many:
+                kw["action"] = _many()
+            if o.values == RANGED:
+                kw["type"] = ranged(RANGES[o.flag], f"--{o.flag}")
+            elif o.values == CHOICE:
+                kw["choices"] = o.choices
+        p.add_argument(f"--{o.flag}", **kw)
     for limit in LIMITS:
         p.add_argument(f"--{limit.flag}", dest=limit.attr, default=limit.default,
                        type=ranged(limit.range, f"--{limit.flag}"),
                        help=f"{limit.help} [default {limit.default}, {limit.range.text()}]")
+    p.add_argument("--health", nargs="?", const="", metavar="URL",
+                   help="Probe URL (default http://127.0.0.1:$ADMIN_PORT/readyz) and exit 0 "
+                        "on a 2xx, else 1: a HEALTHCHECK for an image without a shell or curl.")
     p.add_argument("--info", action="store_true",
                    help="Print the embedded build's manifest and exit.")
     return p
 
 
-def _tls_options(p, env) -> None:
-    """HTTPS, HTTP/3, the redirect port, HSTS and ACME: `orisha serve`'s options."""
-    p.add_argument("--tls-cert", default=env("TLS_CERT"), metavar="FILE",
-                   help="PEM certificate (chain allowed), mounted at run time: the port speaks "
-                        "TLS, HTTP/2 and HTTP/1.1 by ALPN, and HTTP/3 on the same port number "
-                        "over UDP; a changed file is loaded again [$TLS_CERT].")
-    p.add_argument("--tls-key", default=env("TLS_KEY"), metavar="FILE",
-                   help="PEM private key of --tls-cert [$TLS_KEY].")
-    p.add_argument("--tls-min", choices=("1.2", "1.3"), default=env("TLS_MIN", "1.2"),
-                   help="Oldest TLS version accepted [$TLS_MIN, default 1.2].")
-    p.add_argument("--no-http3", dest="http3", action="store_false",
-                   default=env("HTTP3", "1").lower() not in ("0", "no", "false", "off"),
-                   help="With TLS: no HTTP/3 (QUIC on the same port number over UDP, on by "
-                        "default; publish the UDP port too) [$HTTP3=0].")
-    p.add_argument("--http-port", type=int, default=int(env("HTTP_PORT", "0")) or None,
-                   help="With TLS: also serve plain HTTP here, every request redirected (308) "
-                        "to https, and ACME HTTP-01 answered [$HTTP_PORT].")
-    p.add_argument("--hsts", type=int, default=int(env("HSTS", "0")) or None, metavar="SECONDS",
-                   help="With TLS: Strict-Transport-Security max-age [$HSTS].")
-    p.add_argument("--domain", dest="domains", action="append", metavar="NAME",
-                   help="Certificates from ACME for NAME (repeatable; one certificate names "
-                        "every domain) [$DOMAINS, comma- or space-separated].")
-    p.add_argument("--acme-email", default=env("ACME_EMAIL"), metavar="ME",
-                   help="Contact address of the ACME account [$ACME_EMAIL].")
-    p.add_argument("--acme-directory", default=env("ACME_DIRECTORY"), metavar="URL",
-                   help="ACME directory [$ACME_DIRECTORY, default Let's Encrypt's].")
-    p.add_argument("--acme-ca", default=env("ACME_CA"), metavar="FILE",
-                   help="CA bundle for the ACME directory's HTTPS [$ACME_CA].")
-    p.add_argument("--state", default=env("STATE"), metavar="DIR",
-                   help="ACME state (account, certificate): a volume [$STATE].")
+def _many():
+    import argparse
+
+    class Many(argparse.Action):
+        """A repeated option: each use adds a value; the first replaces $ENV's."""
+
+        def __call__(self, parser, namespace, value, option_string=None):
+            items = getattr(namespace, self.dest, None)
+            if items is None or items is self.default:
+                items = []
+            setattr(namespace, self.dest, [*items, value])
+    return Many
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     limits = Limits(**{limit.attr: getattr(args, limit.attr) for limit in LIMITS})
     try:
-        code = run(site, host=args.host, port=args.port, workers=args.workers, loop=args.loop,
-                   limits=limits, admin_port=args.admin_port, admin_host=args.admin_host,
-                   tls_cert=args.tls_cert, tls_key=args.tls_key, tls_min=args.tls_min,
-                   sites=sites(args.sites, site),
-                   http_port=args.http_port, hsts=args.hsts,
-                   domains=args.domains or os.environ.get("DOMAINS", "").replace(",", " ").split(),
-                   acme_email=args.acme_email, acme_directory=args.acme_directory,
-                   acme_ca=args.acme_ca, state=args.state, http3=args.http3)
+        code = run(site, host=args.hosts, port=args.port, workers=args.workers, loop=args.loop,
+                   limits=limits, access_log=args.access_log, admin_port=args.admin_port,
+                   admin_host=args.admin_host, tls_cert=args.tls_cert or None,
+                   tls_key=args.tls_key or None, tls_min=args.tls_min,
+                   sites=sites(args.sites, site), http_port=args.http_port, hsts=args.hsts,
+                   domains=args.domains or (), acme_email=args.acme_email,
+                   acme_directory=args.acme_directory, acme_ca=args.acme_ca, state=args.state,
+                   http3=args.http3, quic_retry=args.quic_retry)
     except OrishaError as e:
         print(f"orisha: error: {e}", file=sys.stderr)
         return 1
