@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
+import struct
 import subprocess
 import time
 
 import h2.settings
 import pytest
-from conftest import DEMO, demo_file
+from conftest import DEMO, Server, demo_file
 from h2util import (DATA, GOAWAY, HEADERS, PREFACE, H2Client, frame, goaway_code, read_frames,
                     settings)
 from httpraw import Conn, split_responses
@@ -159,6 +161,16 @@ def test_padding_continuation_and_bytewise_input(site):
         assert len(hdr) == 1 and body == demo_file("css/site.css")
 
 
+def _goaways(out: bytes) -> list[tuple[int, int]]:
+    """Each GOAWAY frame's (last stream id, error code)."""
+    return [struct.unpack(">LL", p[:8]) for t, _, _, p in read_frames(out) if t == GOAWAY]
+
+
+def _pings(out: bytes) -> list[bytes]:
+    """The payloads of the PINGs (not the ACKs) in ``out``."""
+    return [p for t, f, _, p in read_frames(out) if t == 6 and not f & 1]
+
+
 def test_graceful_stop_sends_goaway_and_finishes_streams(site):
     app = App(site, protocols=Plain())
     conn = app.connect(NOW, "-")
@@ -168,11 +180,51 @@ def test_graceful_stop_sends_goaway_and_finishes_streams(site):
     out, sock.pending = sock.pending + sock._drain(), b""
     assert goaway_code(out) == 0
     assert not conn.should_close  # stream 1 still owes its body (window 10)
-    sock.sendall(frame(8, 0, 1, (1 << 30).to_bytes(4, "big")) + frame(8, 0, 0, (1 << 30).to_bytes(4, "big")))
+    (ping,) = _pings(out)  # the stop's PING, answered as every client does (§6.7)
+    sock.sendall(frame(6, 1, 0, ping) + frame(8, 0, 1, (1 << 30).to_bytes(4, "big"))
+                 + frame(8, 0, 0, (1 << 30).to_bytes(4, "big")))
     out += sock.pending
     body = b"".join(p for t, _, s, p in read_frames(out) if t == DATA and s == 1)
     assert body == demo_file("files/big.txt")
     assert conn.shut_write or conn.should_close
+
+
+def test_a_stop_takes_the_streams_sent_before_the_client_read_its_goaway(site):
+    """RFC 9113 §6.8's graceful stop: a GOAWAY naming 2^31-1 with a PING; a stream the
+    client sent meanwhile (before it read that GOAWAY) is answered; once the PING comes
+    back, the GOAWAY naming the last stream taken; a stream after it is not answered;
+    then the connection closes. A client that never answers the PING gets the second
+    GOAWAY at the first tick after _DRAIN_WAIT. (One GOAWAY naming stream 1 at once
+    refused stream 3 before: a request in flight at every reload failed.)"""
+    app = App(site, protocols=Plain())
+    conn = app.connect(NOW, "-")
+    sock = MemSock(conn)
+    sock.sendall(PREFACE + settings() + frame(HEADERS, 0x5, 1, request_block("/")))
+    sock.pending = b""
+    conn.shutdown(NOW)
+    out = sock._drain()
+    assert _goaways(out) == [((1 << 31) - 1, 0)] and not conn.should_close
+    (ping,) = _pings(out)
+    sock.sendall(frame(HEADERS, 0x5, 3, request_block("/css/site.css")))  # in flight
+    sock.sendall(frame(6, 1, 0, ping))  # the ACK: now every earlier stream has arrived
+    sock.sendall(frame(HEADERS, 0x5, 5, request_block("/")))  # after the last GOAWAY
+    out = sock.pending
+    frames = read_frames(out)
+    assert {s for t, _, s, _ in frames if t == HEADERS} == {3}
+    body = b"".join(p for t, _, s, p in frames if t == DATA and s == 3)
+    assert body == demo_file("css/site.css")
+    assert _goaways(out) == [(3, 0)]
+    assert conn.shut_write or conn.should_close
+
+    silent = app.connect(NOW, "-")  # one that never answers the PING
+    sock = MemSock(silent)
+    sock.sendall(PREFACE + settings())
+    silent.shutdown(NOW)
+    sock._drain()
+    silent.tick(NOW + 0.5)
+    assert not _goaways(sock._drain())  # still waiting for the ACK
+    silent.tick(NOW + 1.5)
+    assert _goaways(sock._drain()) == [(0, 0)] and (silent.shut_write or silent.should_close)
 
 
 def test_idle_connection_goes_away(site):
@@ -605,6 +657,44 @@ def test_the_size_update_is_sent_once_not_memoised_with_a_block(site):
     head = next(v.head for v in site.routes[b"/css/site.css"].variants if v.coding == b"identity")
     assert [b[:len(block(head)) + 1] for b in blocks] == [b"\x20" + block(head)] + [
         block(head) + b"\x0f"] * 2  # each then its date field (static name 33: 0x0f 0x12)
+
+
+def _read_until(sock: socket.socket, done, got: bytes = b"") -> bytes:
+    """Read frames until ``done(frames)``; the server's bytes so far."""
+    while not done(read_frames(got)):
+        chunk = sock.recv(65536)
+        assert chunk, read_frames(got)
+        got += chunk
+    return got
+
+
+def test_a_reload_answers_the_stream_in_flight_when_it_began(builds, hosted):
+    """Over a real socket, across a real SIGHUP: the retiring worker's GOAWAY names
+    2^31-1 with a PING; a stream the client sends before it answers the PING is answered
+    in full; the GOAWAY after the ACK names it as the last stream, and the connection
+    closes. The new generation serves a new connection. (One GOAWAY at once, naming the
+    last stream read, refused every request in flight at a reload.)"""
+    s = Server(builds["notfound"], "--loop", hosted, "--workers", "1")
+    try:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        sock.sendall(PREFACE + settings() + frame(HEADERS, 0x5, 1, request_block("/")))
+        got = _read_until(sock, lambda fs: any(t == DATA and f & 1 and i == 1 for t, f, i, _ in fs))
+        s.proc.send_signal(signal.SIGHUP)
+        got = _read_until(sock, lambda fs: any(t == 6 and not f & 1 for t, f, _, _ in fs), got)
+        assert _goaways(got) == [((1 << 31) - 1, 0)]
+        (ping,) = _pings(got)
+        sock.sendall(frame(HEADERS, 0x5, 3, request_block("/css/site.css")) + frame(6, 1, 0, ping))
+        got = _read_until(sock, lambda fs: len([t for t, *_ in fs if t == GOAWAY]) == 2, got)
+        while chunk := sock.recv(65536):  # then the close
+            got += chunk
+        frames = read_frames(got)
+        assert b"".join(p for t, _, i, p in frames if t == DATA and i == 3) == demo_file("css/site.css")
+        assert _goaways(got) == [((1 << 31) - 1, 0), (3, 0)]
+        sock.close()
+        assert H2Client(socket.create_connection(("127.0.0.1", s.port), timeout=10)).get(
+            "/css/site.css").status == 200  # the new generation
+    finally:
+        s.stop()
 
 
 def test_nghttp_decodes_the_dynamic_table_and_its_size_updates(h2c_port):

@@ -81,8 +81,8 @@ cpdef bytes _date_field(double now)
 
 cdef class H2Connection:
     cdef public object app, peer, decoder, ready, resets
-    cdef public double since
-    cdef public bint refuse, should_close, shut_write, eof, settings_seen, closing, dead
+    cdef public double since, drain_since
+    cdef public bint refuse, should_close, shut_write, eof, settings_seen, closing, dead, draining
     cdef public bytes buf
     cdef public list out
     cdef public Py_ssize_t out_bytes, preface, window, initial, max_frame, recv_window, recv_used

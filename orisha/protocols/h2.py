@@ -134,6 +134,15 @@ def _framed(ftype: int, flags: int, sid: int, payload: bytes, tail: bytes,
 
 
 _SETTINGS_ACK = _frame(0, SETTINGS, ACK, 0)
+# A graceful stop in two steps (§6.8): a GOAWAY naming the highest stream id there can be
+# (every stream the client has sent or is sending is still taken) with a PING; once the
+# PING comes back, every stream the client sent before it read that GOAWAY has arrived,
+# and the GOAWAY with the last stream taken follows. A client whose ACK does not come
+# within _DRAIN_WAIT gets it then (at a tick: about once a second).
+_DRAIN_PING = b"orisha\x00\x01"
+_DRAIN_FIRST = (_frame(8, GOAWAY, 0, 0) + _U32_U32(WINDOW_MAX, 0)
+                + _frame(8, PING, 0, 0) + _DRAIN_PING)
+_DRAIN_WAIT = 1.0
 _BLOCKS = Blocks()
 _OUR_SETTINGS: dict = {}  # header-list limit → our first SETTINGS frame (H2Connection)
 _DATE = PerSecond(date_field)  # the one per-second part of a header block: its Date
@@ -221,6 +230,8 @@ class H2Connection:
         self.preface = 0 if preface else len(PREFACE)  # preface bytes seen so far
         self.settings_seen = False
         self.closing = False      # GOAWAY sent: no new streams
+        self.draining = False     # a stop's first GOAWAY and PING sent, the PING not back yet
+        self.drain_since = 0.0
         self.dead = False         # a connection error: input is no longer parsed
         self.decoder = Decoder(max_header_list_size=4 * app.limits.head)
         self.window = _WINDOW     # connection send window
@@ -282,6 +293,8 @@ class H2Connection:
 
     def tick(self, now: float) -> None:
         self.calm = min(_CALM_MAX, self.calm + _CALM_PER_SECOND)
+        if self.draining and now - self.drain_since > _DRAIN_WAIT:
+            self._drained(now)
         limits = self.app.limits
         waited = now - self.since
         if self.shut_write:
@@ -301,9 +314,22 @@ class H2Connection:
         self._settle(now)
 
     def shutdown(self, now: float) -> None:
-        """Graceful stop: GOAWAY, finish the streams in flight, then close (§6.8)."""
-        if not self.closing:
+        """Graceful stop (§6.8): GOAWAY in two steps (``_DRAIN_FIRST``, then ``_drained``),
+        finish the streams up to the last one taken, then close."""
+        if self.closing or self.draining:
+            return self._settle(now)
+        if self.dead or not self.settings_seen:  # nothing in flight to wait for
             self._go_away(Error.NO_ERROR)
+            return self._settle(now)
+        self.draining, self.drain_since = True, now
+        self.out.append(_DRAIN_FIRST)
+        self.out_bytes += len(_DRAIN_FIRST)
+
+    def _drained(self, now: float) -> None:
+        """The stop's PING came back (or waited long enough): the GOAWAY with the last
+        stream taken; the streams up to it finish, then the connection closes."""
+        self.draining = False
+        self._go_away(Error.NO_ERROR)
         self._settle(now)
 
     def close(self) -> None:
@@ -666,7 +692,10 @@ class H2Connection:
             return self._fail(Error.PROTOCOL_ERROR)
         if len(payload) != 8:
             return self._fail(Error.FRAME_SIZE_ERROR)
-        if not flags & ACK and self._spend():
+        if flags & ACK:
+            if self.draining and payload == _DRAIN_PING:
+                self._drained(now)
+        elif self._spend():
             self.out.append(_frame(8, PING, ACK, 0) + payload)
             self.out_bytes += 17
 
