@@ -156,6 +156,19 @@ def test_runs_as_non_root_and_logs_its_start_up_line():
         c.stop()
 
 
+def _first_answer(cid: str, inner: int, path: str):
+    """The first answer to ``path`` from container ``cid``'s published port ``inner``, once
+    it listens (its start-up: within 30 s)."""
+    port = int(docker("port", cid, f"{inner}/tcp").stdout.split()[0].rsplit(":", 1)[1])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return Conn(port).request(path)
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_port_is_configurable(demo, how):
     _, tag = demo
@@ -163,15 +176,7 @@ def test_port_is_configurable(demo, how):
                else []), tag, *(["--port", "8000"] if how == "flag" else []))
     cid = r.stdout.strip()
     try:
-        port = int(docker("port", cid, "8000/tcp").stdout.split()[0].rsplit(":", 1)[1])
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = Conn(port).request("/")
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        r = _first_answer(cid, 8000, "/")
         assert r.status == 200 and r.body == demo_file("index.html")
         assert ":8000/" in docker("logs", cid).stdout
     finally:
@@ -189,16 +194,7 @@ def test_the_access_log_of_orisha_serve_works_in_the_container(demo, how):
                *(["--access-log", "-"] if how == "flag" else []))
     cid = r.stdout.strip()
     try:
-        port = int(docker("port", cid, "8080/tcp").stdout.split()[0].rsplit(":", 1)[1])
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = Conn(port).request("/css/site.css")
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        assert r.status == 200
+        assert _first_answer(cid, 8080, "/css/site.css").status == 200
         from test_supervisor import wait_for  # a worker hands its log lines over once a second
         assert wait_for(lambda: '"GET /css/site.css HTTP/1.1" 200 ' in docker("logs", cid).stdout,
                         10), docker("logs", cid).stdout

@@ -536,7 +536,10 @@ def test_real_site_over_https_h2_with_curl_nghttp_and_chromium(pki, tmp_path):
         results = load_pages([base + p for p in pages], timeout=30, executable=str(wrapper))
         for res in results:
             assert res.ok, res.problems
-        time.sleep(1.5)  # access-log lines leave the workers once a second
+        deadline = time.monotonic() + 10  # access-log lines leave the workers once a second
+        while (len(log.read_text().splitlines()) - before < len(pages) + 1
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
         lines = log.read_text().splitlines()[before:]
         assert len(lines) >= len(pages) + 1  # the pages and their stylesheet at least
         assert all('HTTP/2.0" 200' in line or "favicon" in line for line in lines), lines
