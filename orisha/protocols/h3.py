@@ -347,7 +347,13 @@ class _Conn:
         PINGs reset QUIC's idle timer): bodies that move nothing for ``send_timeout``,
         a request stream whose HEADERS does not come whole within ``head_timeout`` (as
         h2: the connection, H3_EXCESSIVE_LOAD), and a connection with no request for
-        ``idle_timeout`` (GOAWAY, closed once drained; RFC 9114 §5.1)."""
+        ``idle_timeout`` (GOAWAY, closed once drained; RFC 9114 §5.1). None of them while
+        the client has not confirmed its handshake (``confirming``): its request may wait
+        for that (RFC 9002 §6.2.4: it probes its Handshake space only, backing off to 31
+        and 63 s), and ``Endpoint.tick`` holds it as a handshake meanwhile."""
+        if self.quic.confirming and not self.handshaking:
+            self.since = now  # the time limits start when the client has confirmed
+            return False
         if self.handshaking or self.goaway or self.h3._is_done or self.quic.closing:
             return False  # QUIC's own idle timeout; draining; closing
         limits, waited = self.app.limits, now - self.since
