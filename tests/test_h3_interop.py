@@ -94,8 +94,21 @@ def gtls(port: int, paths: list[str], folder, *opts: str, timeout: float = 60) -
         ok = r.returncode == 0 and "ngtcp2_conn_handle_expiry" not in log  # it exits 0 on
         if ok or "Sent packet:" in log:  # a handshake or idle timeout, saying so
             break
-    assert ok, log[-8000:]
+    assert ok, _packets(log) + "\n--- the log's end:\n" + log[-6000:]
     return log
+
+
+def _packets(log: str) -> str:
+    """Every packet the client sent or got, one short line each, and each simulated loss:
+    the whole exchange, where the log's end shows only its last seconds."""
+    out = []
+    for line in log.splitlines():
+        m = re.match(r"I(\d+) \S+ pkt (tx|rx) pkn=(\d+) .*type=(\S+)", line)
+        if m:
+            out.append(f"{int(m[1]) / 1000:.3f} s {m[2]} {m[4]} {m[3]}")
+        elif "Simulated" in line:
+            out.append("  (" + line.strip("* ") + ")")
+    return "--- the client's packets:\n" + "\n".join(out[-400:])
 
 
 UNHEARD = 2  # connections in a row none of whose datagrams left the client (``gtls``)
