@@ -178,7 +178,9 @@ def test_port_is_configurable(demo, how):
     try:
         r = _first_answer(cid, 8000, "/")
         assert r.status == 200 and r.body == demo_file("index.html")
-        assert ":8000/" in docker("logs", cid).stdout
+        from test_supervisor import wait_for  # docker copies the container's stdout to its
+        assert wait_for(lambda: ":8000/" in docker("logs", cid).stdout, 10)  # log on its own
+        # time (a proof beside two busy loops read it empty just after the first answer)
     finally:
         docker("stop", cid, check=False)
 
