@@ -651,8 +651,8 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, ProcessLookupError):  # gone; or reaped between open and read
+        return False                                 # (ESRCH: the loaded proof32)
 
 
 def _holder_of(port: int, remote: int, pids: list[int]) -> int:
