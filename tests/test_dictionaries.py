@@ -535,6 +535,12 @@ def _leaf_for(pki, name: str, folder) -> tuple[str, str]:  # noqa: F811
     return os.path.join(folder, "chain.pem"), os.path.join(folder, "key.pem")
 
 
+def _workers(pid: int) -> list[int]:
+    """The server's child processes (its workers)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
 def _title(port: int, pki) -> str:  # noqa: F811
     from tlsutil import client_context
     import ssl
@@ -578,11 +584,20 @@ def test_chromium_gets_a_delta_after_a_rebuild_and_a_reload(tmp_path, pki):  # n
         if i == 1:  # the second visit: version 2, built into the folder being served
             make_site(site, 2)
             assert "3 dcz deltas" in build(site, out)
+            old = _workers(s.proc.pid)
             s.proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + 20
             while _title(s.port, pki) != "v2":
                 assert time.monotonic() < deadline, "the reload did not serve v2"
                 time.sleep(0.2)
+            # The reload is over when the old generation has exited, not when a new connection
+            # first gets v2: until then Chromium's open connection is the old worker's, which
+            # rightly answers a request it takes before its GOAWAY reaches the browser with v1
+            # (the loaded proof32). Bound: the stop grace and the kill after it.
+            deadline = time.monotonic() + 8 + 2 + 5
+            while set(_workers(s.proc.pid)) & set(old):
+                assert time.monotonic() < deadline, "the old generation did not exit"
+                time.sleep(0.1)
 
     url = f"https://{HOST}:{s.port}/"
     try:
