@@ -16,6 +16,8 @@ When Cython and a C compiler are there, ``pip install`` also builds:
                                    ORISHA_PURE is set or the sources changed since the build)
   orisha.protocols.h2              the HTTP/2 frame layer: h2.py itself with h2.pxd, chosen
                                    the same way (its own stamp, h2.sources)
+  orisha.protocols.compiled_h3     HTTP/3 on ngtcp2 and GnuTLS (compiled_h3.pyx over the
+                                   plain C of h3_quic.c; needs ngtcp2 1.x and nghttp3)
 
 Without Cython, without a compiler (``CC=false``), or when one extension fails
 to compile, the build still succeeds with the pure modules only:
@@ -56,7 +58,28 @@ PACKAGED = (("unikernel", os.path.join("orisha", "targets", "unikernel", "tree")
 # unikernel/ entries the image build does not read (build output, fetched sources, tools).
 UNPACKAGED = ("build", ".cache", "tools", "__pycache__", "*.o")
 _SKIPPED: list[str] = []  # why a module was not compiled, for the one summary line
-HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-dev has them"}
+HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-dev has them",
+         "orisha.protocols.compiled_h3": ": ngtcp2 1.x and nghttp3? bookworm-backports' "
+                                         "libngtcp2-crypto-gnutls-dev and libnghttp3-dev"}
+# HTTP/3 on ngtcp2 (compiled_h3), linked against the shared libraries of Debian's -dev
+# packages (bookworm-backports). Their static archives are not position-independent, so a
+# wheel that needs nothing but GnuTLS at run time will build them from the source packages
+# (issue 46: not done yet).
+H3_LIBS = ("ngtcp2_crypto_gnutls", "ngtcp2", "nghttp3", "gnutls")
+
+
+def _h3_extension():
+    """The compiled HTTP/3 endpoint, or None without ngtcp2 1.x's and nghttp3's headers."""
+    include = os.environ.get("ORISHA_H3_INCLUDE", "/usr/include")
+    if not (os.path.exists(os.path.join(include, "ngtcp2", "ngtcp2_crypto_gnutls.h"))
+            and os.path.exists(os.path.join(include, "nghttp3", "nghttp3.h"))):
+        _SKIPPED.append("orisha.protocols.compiled_h3 (no ngtcp2/nghttp3 headers" + HINTS[
+            "orisha.protocols.compiled_h3"] + ")")
+        return None
+    return Extension("orisha.protocols.compiled_h3",
+                     ["orisha/protocols/compiled_h3.pyx", "orisha/protocols/h3_quic.c"],
+                     include_dirs=["orisha/protocols"], libraries=list(H3_LIBS),
+                     extra_compile_args=EXTRA)
 
 
 def _liburing_dirs() -> list[str] | None:
@@ -91,6 +114,9 @@ def extensions() -> list:
             # headers); a machine without them fails this one module, which is skipped.
             Extension("orisha.protocols.compiled_tls", ["orisha/protocols/compiled_tls.pyx"],
                       libraries=["ssl", "crypto"], extra_compile_args=EXTRA)]
+    h3 = _h3_extension()
+    if h3 is not None:
+        exts.append(h3)
     uring = _liburing_dirs()
     if uring:
         exts.append(Extension("orisha.loops.compiled_io_uring", ["orisha/loops/compiled_io_uring.pyx"],

@@ -258,9 +258,10 @@ def serve_and_get(exe: str, out: str, cwd: str, *args: str) -> None:
         assert s.stop() == 0
 
 
-# The one hand-written C file under orisha/ (the image's /init); every other .c there is
-# Cython's output, which neither the sdist nor the wheel carries.
+# The hand-written C under orisha/ (the image's /init; HTTP/3 on ngtcp2's plain-C half);
+# every other .c there is Cython's output, which neither the sdist nor the wheel carries.
 CONTAINER_INIT = "orisha/targets/container/init.c"
+H3_C = ("orisha/protocols/h3_quic.c", "orisha/protocols/h3_quic.h")
 
 
 def test_the_sdist_holds_the_sources_and_no_build_output(sdist):
@@ -270,10 +271,11 @@ def test_the_sdist_holds_the_sources_and_no_build_output(sdist):
                    "unikernel/mbedtls/orisha_config.h", "orisha/core/connection.pxd",
                    "orisha/loops/compiled_epoll.pyx", "orisha/loops/compiled_io_uring.pyx",
                    "orisha/protocols/compiled_tls.pyx", "orisha/protocols/compiled_tls.pxd",
-                   CONTAINER_INIT):
+                   "orisha/protocols/compiled_h3.pyx", CONTAINER_INIT, *H3_C):
         assert needed in names, needed
     leftovers = [n for n in names if n.endswith((".so", ".o", ".sources")) or "/.cache/" in n
-                 or (n.startswith("orisha/") and n.endswith(".c") and n != CONTAINER_INIT)]
+                 or (n.startswith("orisha/") and n.endswith(".c")
+                     and n not in (CONTAINER_INIT, *H3_C))]
     assert leftovers == []
 
 

@@ -101,6 +101,41 @@ def synthetic_head(fields) -> tuple[bytes | None, bytes]:
     return b"\r\n".join(lines), b"%s %s HTTP/2.0" % (method, path)
 
 
+# HTTP/3 request streams' bounds, for either QUIC engine (h3.py on qh3, compiled_h3 on
+# ngtcp2); h3.py says why each is what it is.
+H3_MAX_STREAMS = 100      # request streams a client may have open at once (MAX_STREAMS)
+H3_WINDOW = 16 * 1024     # a stream's receive window past what was read
+FRAME_HEADS = 4           # a frame held whole (HEADERS, SETTINGS) over this many head limits:
+                          # H3_EXCESSIVE_LOAD (RFC 9114 §7.1)
+_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
+_NEEDED = frozenset((b":method", b":authority"))
+
+
+def request_fields_error(headers) -> str | None:
+    """Why an HTTP/3 request's fields make it malformed (RFC 9114 §4.1.2, §4.2, §4.3), or
+    None: aioquic's verdicts (a test compares them), with its per-byte loops over every
+    name and value replaced by byte operations over all of them at once."""
+    after = False
+    seen = set()
+    if invalid([k for k, _ in headers], [v for _, v in headers]):
+        return "A field name or value has invalid characters"
+    for key, value in headers:
+        if key[:1] == b":":
+            if after or key not in _PSEUDO or key in seen:
+                return f"Pseudo-header {key!r} is out of place, unknown or twice"
+            seen.add(key)
+            continue
+        after = True
+        if key == b"te":
+            if value.lower() != b"trailers":
+                return f"Header {key!r} value is not trailers"
+        elif key in CONNECTION_FIELDS:
+            return f"Header {key!r} is connection-specific"
+    if not _NEEDED <= seen:
+        return f"Pseudo-headers {sorted(_NEEDED - seen)} are missing"
+    return None
+
+
 def declared_length(head: bytes | None) -> int:
     """The content-length of a synthetic head, or -1 when it has none the DATA can be held
     to (absent, repeated with different values, not digits: the core answers those 400)."""

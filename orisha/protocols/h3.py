@@ -82,8 +82,8 @@ from ..blob import FileRegion
 from ..core.connection import log_line
 from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
 from ..errors import ServeError
-from .fields import CONNECTION_FIELDS, PerSecond, declared_length, error_plan, invalid, \
-    synthetic_head
+from .fields import FRAME_HEADS, H3_MAX_STREAMS, H3_WINDOW, PerSecond, declared_length, \
+    error_plan, request_fields_error, synthetic_head
 from .qpack_blocks import Sections, date_field
 from .quic_qh3 import HANDSHAKE_HOLD, ServerConnection
 from .quic_retry import RetryTokens
@@ -100,19 +100,18 @@ RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get
 # (ten packets) cost 1,440 µs of worker CPU at 128 streams, 1,055 at 64, 580 at 32 and 455
 # at 16 (1 KB: 140 µs at 128, 75 at 32). 32 keeps most of that gain and a page's first 32
 # requests in one flight; credit returns as streams end (MAX_STREAMS batched by half).
-MAX_STREAMS = 100
+MAX_STREAMS = H3_MAX_STREAMS
 # A stream's receive window: credit past the bytes delivered in order (``_Quic``). Requests
 # are a field section (the head limit, 8 KiB by default, bounds a useful one) and, for the
 # methods that carry one, a body that is answered without being read: 16 KiB is room for
 # either, and with at most ``MAX_STREAMS`` request streams (and aioquic's 128
 # unidirectional ones) open it bounds what a connection can make a worker hold for
 # reassembly to 2.5 MiB.
-WINDOW = 16 * 1024
+WINDOW = H3_WINDOW
 # A frame the HTTP/3 layer must hold whole before it can parse it (HEADERS; SETTINGS on the
 # control stream) longer than this many times the head limit: H3_EXCESSIVE_LOAD (RFC 9114
 # §7.1, "an implementation MAY limit the maximum frame size"). Smaller ones that are over
 # the head limit still get their 431 (§4.2.2), as over HTTP/1.1 and HTTP/2.
-FRAME_HEADS = 4
 _WHOLE = (FrameType.HEADERS, FrameType.SETTINGS, FrameType.PUSH_PROMISE)
 _SECTIONS = Sections()
 _DATE = PerSecond(date_field)  # the one per-second part of a section: its Date
@@ -277,41 +276,20 @@ class _H3(H3Connection):
         return super().handle_event(event)
 
 
-_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
-_NEEDED = frozenset((b":method", b":authority"))
-
-
 def validate_request(headers, stream=None) -> None:
-    """aioquic's ``validate_request_headers`` with the same verdicts (a test compares
-    them; qh3's own checks less: not the characters, nor connection-specific fields), its
-    per-byte loops over every name and value replaced by byte operations over all the
-    names and all the values at once. Installed in qh3's module below (it calls the
-    function by its global name); only a server's H3Connection calls it, for the requests
-    it receives."""
-    after = False
-    seen = set()
-    if invalid([k for k, _ in headers], [v for _, v in headers]):
-        raise MessageError("A field name or value has invalid characters")
-    for key, value in headers:
-        if key[:1] == b":":
-            if after or key not in _PSEUDO or key in seen:
-                raise MessageError(f"Pseudo-header {key!r} is out of place, unknown or twice")
-            seen.add(key)
-            continue
-        after = True
-        if key == b"content-length":
-            # RFC 9110 §8.6: digits only (``int`` also takes "1_0" and "+7"). Another value
-            # is not a length the body is held to: it goes on in the head, and the core
-            # answers it 400 (as HTTP/1.1 and HTTP/2 do).
-            if stream and value.isdigit() and len(value) <= 18:
+    """``fields.request_fields_error`` as qh3 wants it (a ``MessageError``), installed in
+    qh3's module below (it calls the function by its global name; only a server's
+    H3Connection calls it, for the requests it receives); and the stream held to a
+    Content-Length of digits only (RFC 9110 §8.6: ``int`` also takes "1_0" and "+7"). Another
+    value is not a length the body is held to: it goes on in the head, and the core answers
+    it 400 (as HTTP/1.1 and HTTP/2 do)."""
+    why = request_fields_error(headers)
+    if why is not None:
+        raise MessageError(why)
+    if stream:
+        for key, value in headers:
+            if key == b"content-length" and value.isdigit() and len(value) <= 18:
                 stream.expected_content_length = int(value)
-        elif key == b"te":
-            if value.lower() != b"trailers":
-                raise MessageError(f"Header {key!r} value is not trailers")
-        elif key in CONNECTION_FIELDS:
-            raise MessageError(f"Header {key!r} is connection-specific")
-    if not _NEEDED <= seen:
-        raise MessageError(f"Pseudo-headers {sorted(_NEEDED - seen)} are missing")
 
 
 _h3_module.validate_request_headers = validate_request

@@ -217,9 +217,12 @@ class Pool:
         if index >= len(self.udp):  # no HTTP/3, or a plain-port worker
             return ()
         from ..loops.base import Datagrams
-        from ..protocols.h3 import Endpoint
+        quic = self.current.quic
+        endpoint = getattr(quic, "endpoint", None)  # the engine's own (compiled_h3), else qh3's
+        if endpoint is None:
+            from ..protocols.h3 import Endpoint as endpoint
         steer = self.steering.steer(self.current.number, index) if self.steering else None
-        return (Datagrams(self.udp[index], Endpoint(app, self.current.quic), steer),)
+        return (Datagrams(self.udp[index], endpoint(app, quic), steer),)
 
     def tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]

@@ -513,11 +513,18 @@ def _plain_app(https_port: int, acme):
 def _quic(pairs, limits: Limits, retry: bool = False):
     """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
     no certificate), and checks it once."""
-    try:
-        from ..protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
-    except ImportError as e:
-        raise ServeError(f"HTTP/3 needs qh3 (a dependency of orisha: pip install qh3==2.1.0), or --no-http3: {e}") \
-            from None
+    if os.environ.get("ORISHA_H3") == "ngtcp2":  # the compiled engine, off by default (issue 46)
+        try:
+            from ..protocols import compiled_h3 as h3
+        except ImportError as e:
+            raise ServeError("ORISHA_H3=ngtcp2: HTTP/3 on ngtcp2 needs the compiled module "
+                             f"(ngtcp2 1.x and nghttp3 when orisha was installed): {e}") from None
+    else:
+        try:
+            from ..protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
+        except ImportError as e:
+            raise ServeError(f"HTTP/3 needs qh3 (a dependency of orisha: pip install qh3==2.1.0), or --no-http3: {e}") \
+                from None
     from ..protocols.quic_tickets import Tickets
     tickets = Tickets()  # before the fork: one table for every worker of every generation
     make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets, retry)  # noqa: E731
