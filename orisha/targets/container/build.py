@@ -104,6 +104,11 @@ LIBURING_KEEP = ("error", "queue", "time")
 UNUSED = ["h2", "hyperframe", "urllib3.contrib.emscripten", "tarfile", "gzip", "statistics",
           "fractions", "pickle", "_pickle", "ftplib", "tracemalloc"]
 EXCLUDES += ["charset_normalizer", "chardet", *UNUSED]
+# HTTP/3 on ngtcp2 (ORISHA_H3=ngtcp2, off by default while it does less than qh3: issue 46):
+# PyInstaller would follow server.py's import of it and bring GnuTLS and its libraries along,
+# past the image-size goal and past the pod's /tmp for staticx's unpacked copies. The image's
+# HTTP/3 is qh3's until that engine replaces it (and qh3 leaves the image).
+EXCLUDES += ["orisha.protocols.compiled_h3"]
 # ssl stays for every loop: --tls-cert/TLS_CERT (orisha/protocols/tls.py) works on each of them.
 # asyncio stays too: qh3's package imports its asyncio client and server as it loads.
 NOT_ASYNCIO = ["_hashlib", "uvloop"]
