@@ -141,7 +141,7 @@ cdef extern from "h3_quic.h":
 cdef enum:
     CID_LEN = 8            # the IDs this server issues (quic_steer's tag fits in them)
     PACKETS = 64           # per write: a GSO group's packets at most (UDP_MAX_SEGMENTS)
-    BUF = 64 * 1500        # room for them
+    BUF = 65000            # room for them: a GSO send is one UDP payload (< 64 KiB)
     PEERS = 4096           # cached addresses at most, each direction
 
 cdef uint64_t NO_EXPIRY = 0xffffffffffffffff
@@ -410,9 +410,12 @@ cdef class Endpoint:
             else:
                 key = data[1:1 + CID_LEN]
             c = self.conns.get(key)
-            name = self._name(addr)
-            if name is None:
-                continue
+            if c is not None and c.peer is addr:  # the pump's cached tuple: its sockaddr kept
+                name = c.peer_name
+            else:
+                name = self._name(addr)
+                if name is None:
+                    continue
             locallen = orisha_h3_local((<const sockaddr *>PyBytes_AS_STRING(name)).sa_family, &local)
             if c is None:
                 c = self._accept(data, addr, name, now, handed)
@@ -547,7 +550,7 @@ cdef class Endpoint:
     # -- per connection ---------------------------------------------------------------
     cdef _process(self, _Conn c, double now):
         """After input, a timer or a decision: what it sends, its timer, or its end."""
-        cdef size_t k, i, total
+        cdef size_t k, i, j, total, size, off
         cdef sockaddr_storage to
         cdef socklen_t tolen
         cdef uint64_t ns = self._ns(now), t
@@ -562,16 +565,28 @@ cdef class Endpoint:
             k = h3q_write(c.c, self.buf, BUF, self.sizes, PACKETS, &to, &tolen, ns)
             if k == 0:
                 break
-            total = 0
-            for i in range(k):
-                total += self.sizes[i]
             addr = c.peer
             if tolen != len(c.peer_name) or memcmp(&to, PyBytes_AS_STRING(c.peer_name), tolen):
                 addr = self._addr(<const sockaddr *>&to, tolen)
                 if addr is None:
                     continue
-            payload = PyBytes_FromStringAndSize(<char *>self.buf, total)
-            self.out.append((payload, addr, self.sizes[0] if k > 1 else 0))
+            # GSO groups (base.py): runs of one size, each ended by at most one shorter packet
+            # (a larger one, a path MTU probe, starts a group of its own)
+            i = off = 0
+            while i < k:
+                size = self.sizes[i]
+                total = size
+                j = i + 1
+                while j < k and self.sizes[j] == size:
+                    total += size
+                    j += 1
+                if j < k and self.sizes[j] < size:
+                    total += self.sizes[j]
+                    j += 1
+                self.out.append((PyBytes_FromStringAndSize(<char *>self.buf + off, total), addr,
+                                 size if j - i > 1 else 0))
+                off += total
+                i = j
         if h3q_state(c.c) == H3Q_GONE:
             self._forget(c)
             return

@@ -963,7 +963,6 @@ size_t h3q_write(h3q_conn *c, uint8_t *buf, size_t cap, size_t *sizes, size_t ma
         }
         sizes[count++] = (size_t)n;
         used += (size_t)n;
-        if ((size_t)n < pkt) break; /* a short packet ends a GSO group */
     }
     ngtcp2_conn_update_pkt_tx_time(c->conn, now);
     return count;
