@@ -138,9 +138,16 @@ def h3_server(builds, loop: str, pki, *extra: str):
     if key not in _servers:
         env = {**os.environ, "ORISHA_PURE": "1"} if loop.endswith("-pure") else \
             {**os.environ, "ORISHA_H3": "ngtcp2"} if loop.endswith("-ngtcp2") else None
+        engine = "ngtcp2" if loop.endswith("-ngtcp2") else ""
         loop = loop.removesuffix("-ngtcp2")
         _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2", *TEST_LIMITS,
                               "--tls-cert", pki.chain, "--tls-key", pki.key, *extra, env=env)
+        if engine:  # the engine asked for is the one answering: its module is mapped
+            from conftest import orisha_modules
+            deadline = time.monotonic() + 10
+            while not any("compiled_h3" in m for m in orisha_modules(_servers[key].proc.pid)):
+                assert time.monotonic() < deadline, orisha_modules(_servers[key].proc.pid)
+                time.sleep(0.05)
     return _servers[key]
 
 

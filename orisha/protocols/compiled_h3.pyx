@@ -32,8 +32,8 @@ from ..blob import FileRegion
 from ..core.connection import log_line
 from ..core.policy import Stat
 from ..errors import ServeError
-from .fields import FRAME_HEADS, H3_MAX_STREAMS, H3_WINDOW, declared_length, error_plan, \
-    request_fields_error, synthetic_head
+from .fields import FRAME_HEADS, H3_HANDSHAKE_HOLD, H3_MAX_STREAMS, H3_WINDOW, \
+    declared_length, error_plan, request_fields_error, synthetic_head
 from .qpack_blocks import Sections, date_field
 from .fields import PerSecond
 
@@ -147,7 +147,6 @@ cdef enum:
 cdef uint64_t NO_EXPIRY = 0xffffffffffffffff
 H3_NO_ERROR, H3_INTERNAL_ERROR, H3_EXCESSIVE_LOAD = 0x100, 0x102, 0x107
 H3_MESSAGE_ERROR, H3_REQUEST_REJECTED = 0x10e, 0x10b
-HANDSHAKE_TIMEOUT = 64.0   # s: as the qh3 endpoint holds a handshake (quic_qh3.HANDSHAKE_HOLD)
 
 _SECTIONS = Sections()
 _DATE = PerSecond(date_field)
@@ -177,7 +176,6 @@ class Configuration:
         self.pairs, self.idle_timeout, self.tickets, self.retry = list(pairs), idle_timeout, \
             tickets, retry
         self.connection_id_length = CID_LEN
-        self.hosts_by_name = None
 
 
 def configurations(pairs, idle_timeout: float, tickets=None, retry: bool = False):
@@ -256,7 +254,7 @@ cdef class _Server:
         calls.request, calls.release, calls.cid, calls.route = \
             _on_request, _on_release, _on_cid, _on_route
         limits.idle_timeout = <uint64_t>(config.idle_timeout * 1e9)
-        limits.handshake_timeout = <uint64_t>(HANDSHAKE_TIMEOUT * 1e9)
+        limits.handshake_timeout = <uint64_t>(H3_HANDSHAKE_HOLD * 1e9)
         limits.stream_window = H3_WINDOW
         limits.max_streams = H3_MAX_STREAMS
         limits.cid_len = CID_LEN

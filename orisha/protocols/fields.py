@@ -105,6 +105,8 @@ def synthetic_head(fields) -> tuple[bytes | None, bytes]:
 # ngtcp2); h3.py says why each is what it is.
 H3_MAX_STREAMS = 100      # request streams a client may have open at once (MAX_STREAMS)
 H3_WINDOW = 16 * 1024     # a stream's receive window past what was read
+H3_HANDSHAKE_HOLD = 64.0  # s a handshake is held without word from the client (quic_qh3.py
+                          # says why: it outlives every client probe but the one at 63 s)
 FRAME_HEADS = 4           # a frame held whole (HEADERS, SETTINGS) over this many head limits:
                           # H3_EXCESSIVE_LOAD (RFC 9114 §7.1)
 _PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))

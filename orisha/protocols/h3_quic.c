@@ -793,7 +793,6 @@ const char *h3q_server_name(h3q_conn *c) {
     return c->sni;
 }
 
-size_t h3q_packet_size(h3q_conn *c) { return ngtcp2_conn_get_max_tx_udp_payload_size(c->conn); }
 
 static void closed(h3q_conn *c, uint64_t now, int silently) {
     if (silently) {

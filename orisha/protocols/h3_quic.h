@@ -74,12 +74,11 @@ void *h3q_conn_host(h3q_conn *c);
 void h3q_read(h3q_conn *c, const uint8_t *data, size_t len, const struct sockaddr *local,
               socklen_t locallen, const struct sockaddr *remote, socklen_t remotelen,
               uint64_t now);
-/* Up to `max` packets into `buf` (each at most h3q_packet_size bytes), their sizes in
+/* Up to `max` packets into `buf` (each at most the configured UDP payload size), their sizes in
  * `sizes`, not all one size (the path's size, a shorter last one, a larger PMTU probe: the
  * host groups equal runs for GSO); all go to `*to` (`*tolen`). Returns how many. */
 size_t h3q_write(h3q_conn *c, uint8_t *buf, size_t cap, size_t *sizes, size_t max,
                  struct sockaddr_storage *to, socklen_t *tolen, uint64_t now);
-size_t h3q_packet_size(h3q_conn *c);
 uint64_t h3q_expiry(h3q_conn *c); /* UINT64_MAX: none */
 void h3q_expire(h3q_conn *c, uint64_t now);
 int h3q_state(h3q_conn *c);

@@ -27,6 +27,8 @@ from qh3.quic.events import PingAcknowledged
 from qh3.quic.packet import QuicErrorCode, QuicPacketType
 from qh3.tls import CipherSuite, Epoch, cipher_suite_hash, hkdf_expand_label, hkdf_extract
 
+from .fields import H3_HANDSHAKE_HOLD
+
 # RFC 9001 §5.2 and RFC 9369 §3.3.1: the salts of the Initial secrets, per version.
 _INITIAL_SALTS = {0x00000001: bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"),
                   0x6B3343CF: bytes.fromhex("0dede3def700a6db819381be6e269dcbf9bd2ed9")}
@@ -48,7 +50,7 @@ EARLY_RESENDS = 8
 # 30 s of silence lost a handshake whose probes at 15 and 31 s were both lost. Held 64 s,
 # it outlives every probe lost but the one at 63 s. After the handshake the configured
 # idle timeout is the endpoint's to keep (h3.py ``Endpoint.tick``).
-HANDSHAKE_HOLD = 64.0
+HANDSHAKE_HOLD = H3_HANDSHAKE_HOLD
 # The uid of the PING sent with the HANDSHAKE_DONE frame: its acknowledgment says the client
 # has the 1-RTT packets of that flight (``ServerConnection.confirming``).
 CONFIRM_PING = 0x48445F444F4E45  # "HD_DONE"
