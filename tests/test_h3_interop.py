@@ -36,9 +36,8 @@ from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
 pytestmark = pytest.mark.slow  # a peer's binary on every case
 # Each loop body compiled and pure (ORISHA_PURE=1: the .py loop bodies, core, TLS and pump).
 LOOPS = ["epoll", "io-uring", "epoll-pure", "io-uring-pure"]
-# HTTP/3 on ngtcp2 (ORISHA_H3=ngtcp2, off by default while it does less: issue 46), on the
-# compiled bodies: every case but those of what only the qh3 endpoint does yet (Retry,
-# resumption, 0-RTT), which take ``qh3_server``.
+# HTTP/3 on ngtcp2 (ORISHA_H3=ngtcp2, off by default until it replaces qh3: issue 46), on
+# the compiled bodies.
 NGTCP2 = ["epoll-ngtcp2", "io-uring-ngtcp2"]
 SMALL = [f"s{i:02d}.txt" for i in range(40)]  # multiplexing: one stream each
 _running: dict = {}
@@ -71,7 +70,7 @@ def _server(name: str, site, pki):
         {**os.environ, "ORISHA_H3": "ngtcp2"} if name.endswith("-ngtcp2") else None
     s = serve(site[0], "--loop", loop, "--workers", "2", "--idle-timeout", "30",
               "--tls-cert", pki.chain, "--tls-key", pki.key, env=env)
-    s.loop = loop
+    s.loop, s.env = loop, env
     _running[name] = s
     if name.endswith("-pure"):  # the pure modules, checked where it matters: nothing compiled
         assert not orisha_modules(s.proc.pid), orisha_modules(s.proc.pid)
@@ -93,12 +92,6 @@ def _stop_servers():
 
 @pytest.fixture(scope="module", params=LOOPS + NGTCP2)
 def server(request, site, pki):
-    return _server(request.param, site, pki)
-
-
-@pytest.fixture(scope="module", params=LOOPS)
-def qh3_server(request, site, pki):
-    """The cases of what only the qh3 endpoint does yet (Retry, resumption, 0-RTT)."""
     return _server(request.param, site, pki)
 
 
@@ -217,14 +210,13 @@ def test_chacha20(server, site, tmp_path):
     same(tmp_path / "d", site[1], ["big.bin"])
 
 
-def test_retry_then_a_transfer(qh3_server, site, pki, tmp_path):
+def test_retry_then_a_transfer(server, site, pki, tmp_path):
     """The interop runner's retry case: with --quic-retry every new client gets a Retry
     (RFC 9000 §8.1.2), comes back with its token on either of 2 workers, and the server's
     transport parameters carry the Retry's connection ID (§7.3); without it (the module's
     server) none, as long as handshakes are not flooding in."""
-    server = qh3_server
     s = serve(site[0], "--loop", server.loop, "--workers", "2", "--quic-retry",
-              "--tls-cert", pki.chain, "--tls-key", pki.key)
+              "--tls-cert", pki.chain, "--tls-key", pki.key, env=server.env)
     try:
         for i in range(3):
             log = gtls(s.port, ["mid.bin"], tmp_path / f"d{i}")
@@ -374,12 +366,11 @@ def _resume(port: int, ca: str, ticket, early: bool, method: str = "GET"):
     return asyncio.run(asyncio.wait_for(run(), 30))
 
 
-def test_resumption_and_0rtt_on_any_worker(qh3_server, site, pki):
+def test_resumption_and_0rtt_on_any_worker(server, site, pki):
     """A ticket from one connection resumes the next (no certificate: RFC 8446 §2.2), and a
     request sent before the handshake ends (every other one) goes as 0-RTT, early data the
     server accepts (its EncryptedExtensions say so) — six connections in a row,
     each resuming the last one's ticket, so both workers take tickets the other issued."""
-    server = qh3_server
     want = (site[1] / "index.html").read_bytes()
     status, body, resumed, _, ticket = _resume(server.port, pki.ca, None, False)
     assert (status, body, resumed) == (200, want, False)
@@ -388,11 +379,10 @@ def test_resumption_and_0rtt_on_any_worker(qh3_server, site, pki):
         assert (status, body, resumed, early) == (200, want, True, True), i
 
 
-def test_early_data_answers_only_safe_methods(qh3_server, site, pki):
+def test_early_data_answers_only_safe_methods(server, site, pki):
     """RFC 8470 §5.2: a GET or HEAD in 0-RTT is answered at once; any other method (here
     POST, DELETE) as early data gets 425 Too Early, and the same request after the handshake
     its usual answer (405: a static site performs neither)."""
-    server = qh3_server
     want = (site[1] / "index.html").read_bytes()
     ticket = _resume(server.port, pki.ca, None, False)[-1]
     for method, early, expected in [("POST", True, 425), ("HEAD", True, 200),
@@ -405,10 +395,9 @@ def test_early_data_answers_only_safe_methods(qh3_server, site, pki):
             assert body == want
 
 
-def test_resumption_with_ngtcp2s_client(qh3_server, site, tmp_path):
+def test_resumption_with_ngtcp2s_client(server, site, tmp_path):
     """ngtcp2's client with a session file: the second connection's Handshake flight has no
     certificate (a resumed handshake), and the page arrives."""
-    server = qh3_server
     files = ["--session-file", str(tmp_path / "session"), "--tp-file", str(tmp_path / "tp")]
     sizes = []
     for i in range(2):

@@ -10,7 +10,10 @@ loopback UDP; the sites and their certificates are tests/test_sites.py's fixture
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+
+import pytest
 
 from aioquic.asyncio.client import connect
 from aioquic.h3.connection import H3_ALPN
@@ -22,6 +25,16 @@ from test_h3 import _Client
 from test_sites import (ACME_SITES, SITE_FILES, _site_args, _start, _tls_args, acme_sites,
                         sites_issued, two)  # noqa: F401  (two: a fixture)
 from tlsutil import pki  # noqa: F401  (the fixture test_acme's Pebble is made with)
+
+
+# Each HTTP/3 engine: qh3 (the default) and ngtcp2 (ORISHA_H3=ngtcp2, issue 46).
+ENGINES = {"qh3": None, "ngtcp2": {**os.environ, "ORISHA_H3": "ngtcp2"}}
+
+
+@pytest.fixture(params=list(ENGINES))
+def engine(request):
+    """The environment of a server on that engine."""
+    return ENGINES[request.param]
 
 
 def h3_site(port: int, ca: str, sni: str | None, requests: list, verify: bool = True):
@@ -49,9 +62,9 @@ def _page(site: str) -> bytes:
     return SITE_FILES[site]["index.html"].encode()
 
 
-def test_h3_sni_chooses_certificate_and_site_and_misdirects(two, tmp_path):
+def test_h3_sni_chooses_certificate_and_site_and_misdirects(two, tmp_path, engine):
     log = tmp_path / "access.log"
-    s = _start("epoll", *_site_args(two), *_tls_args(two), "--access-log", str(log))
+    s = _start("epoll", *_site_args(two), *_tls_args(two), "--access-log", str(log), env=engine)
     try:
         sans, got = h3_site(s.port, two["ca"], "a.test", [("/", "a.test"), ("/", "b.test")])
         assert sans == {"a.test"}
@@ -81,9 +94,9 @@ def test_h3_sni_chooses_certificate_and_site_and_misdirects(two, tmp_path):
                      "b.test GET /bold HTTP/3.0 302"], lines
 
 
-def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path):
+def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path, engine):
     ca = pebble()
-    s = acme_sites(two, ca, tmp_path / "state", "epoll", True)
+    s = acme_sites(two, ca, tmp_path / "state", "epoll", True, env=engine)
     try:
         s.wait_for("HTTP/3 on udp 127.0.0.1:%d (answered once ACME has a certificate)" % s.port)
         root = sites_issued(s, ca, str(tmp_path / "root.pem"))
@@ -98,11 +111,11 @@ def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path):
         assert s.stop() == 0
 
 
-def test_0rtt_requests_answer_from_the_tickets_site(two):
+def test_0rtt_requests_answer_from_the_tickets_site(two, engine):
     """A resumed connection's 0-RTT requests arrive before its handshake completes: they
     are answered from the SNI's site too, another site's :authority gets 421, and a ticket
     issued under one name does not resume a connection to another."""
-    s = _start("epoll", *_site_args(two), *_tls_args(two))
+    s = _start("epoll", *_site_args(two), *_tls_args(two), env=engine)
     tickets = []
 
     async def run(sni: str, ticket, requests):

@@ -182,11 +182,11 @@ def _tls_args(two) -> list[str]:
             "--tls-cert", two["cert_b"], "--tls-key", two["key_b"]]
 
 
-def _start(loop: str, *args: str) -> Server:
+def _start(loop: str, *args: str, env: dict | None = None) -> Server:
     """A server of both sites (no positional build: Server.cmd's "" is dropped)."""
     cmd = [c for c in Server.cmd("", "--loop", loop, "--workers", "2", *TEST_LIMITS, *args) if c]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env=env)
     line = proc.stdout.readline()
     m = re.search(r"https?://[\d.]+:(\d+)/", line)
     if not m:
@@ -541,7 +541,7 @@ from test_acme import pebble  # noqa: E402,F401
 ACME_SITES = {"a": ["a.test"], "b": ["b.test", "www.b.test"]}
 
 
-def acme_sites(two, ca, state, loop: str, http: bool, *extra: str):
+def acme_sites(two, ca, state, loop: str, http: bool, *extra: str, env: dict | None = None):
     """Both sites, their certificates from Pebble; HTTP-01 with ``http``, else TLS-ALPN-01."""
     from test_acme import EMAIL, Served
     args = [a for k, names in ACME_SITES.items() for a in ("--site", f"{','.join(names)}={two[k]}")]
@@ -549,7 +549,7 @@ def acme_sites(two, ca, state, loop: str, http: bool, *extra: str):
              "--acme-ca", ca.pki.ca, "--state", str(state), *extra]
     if http:
         args += ["--http-port", str(ca.http_port)]
-    return Served("", *args, loop=loop)
+    return Served("", *args, loop=loop, env=env)
 
 
 def sites_issued(s, ca, root: str) -> str:

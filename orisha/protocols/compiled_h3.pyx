@@ -11,8 +11,11 @@ the way ``h3._Conn`` does — ``App.plans``/``App.plan`` give the Plan, the buil
 section and a Date literal make the HEADERS frame, the body goes by reference, never
 copied — and holds the time limits HTTP/1.1 and HTTP/2 have. Python runs per request
 and per connection's start and end; packets, acknowledgements, loss and pacing never
-leave C. Behind ``--http3-engine ngtcp2`` while it does less than the qh3 endpoint:
-no Retry, no session tickets or 0-RTT, no hand-over to a reload's next generation.
+leave C. Retry (``--quic-retry``, and past ``RETRY_ABOVE`` handshakes in progress) and
+its stateless tokens are ngtcp2's, keyed per worker (the Retry's ID names the worker, so
+the token comes back to it); session tickets and 0-RTT are GnuTLS's, sealed with a key
+every worker shares (``tickets``), with 425 for an early request of an unsafe method.
+Behind ``ORISHA_H3=ngtcp2`` until it replaces the qh3 endpoint (issue 46).
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -30,11 +33,13 @@ import traceback
 
 from ..blob import FileRegion
 from ..core.connection import log_line
-from ..core.policy import Stat
+from ..core.policy import TOO_EARLY, Stat
 from ..errors import ServeError
-from .fields import FRAME_HEADS, H3_HANDSHAKE_HOLD, H3_MAX_STREAMS, H3_WINDOW, \
-    declared_length, error_plan, request_fields_error, synthetic_head
+from .fields import FRAME_HEADS, H3_HANDSHAKE_HOLD, H3_MAX_STREAMS, H3_RETRY_LIFETIME, \
+    H3_WINDOW, RETRY_ABOVE, declared_length, error_plan, refused_early, request_fields_error, \
+    synthetic_head
 from .qpack_blocks import Sections, date_field
+from .tls import by_server_name
 from .fields import PerSecond
 
 cdef extern from "<sys/socket.h>":
@@ -100,10 +105,11 @@ cdef extern from "h3_quic.h":
         size_t namelen
         size_t valuelen
     ctypedef struct h3q_calls:
-        void (*request)(void *, h3q_conn *, int64_t, const h3q_field *, size_t, int)
+        void (*request)(void *, h3q_conn *, int64_t, const h3q_field *, size_t, unsigned)
         void (*release)(void *, void *)
         void (*cid)(void *, h3q_conn *, uint8_t *, size_t)
         void (*route)(void *, h3q_conn *, const uint8_t *, size_t, int)
+        size_t (*credential)(void *, const char *)
     ctypedef struct h3q_limits:
         uint64_t idle_timeout
         uint64_t handshake_timeout
@@ -111,15 +117,17 @@ cdef extern from "h3_quic.h":
         size_t max_section
         uint64_t max_streams
         size_t cid_len
+        uint64_t retry_lifetime
     enum:
+        H3Q_ENDED, H3Q_EARLY
         H3Q_DROP, H3Q_NEW, H3Q_ANSWERED
         H3Q_HANDSHAKING, H3Q_OPEN, H3Q_CLOSING, H3Q_GONE
     h3q_server *h3q_server_new(const h3q_calls *, void *, const h3q_limits *, const char *const *,
-                               const char *const *, size_t, char *, size_t)
+                               const char *const *, size_t, const uint8_t *, char *, size_t)
     void h3q_server_del(h3q_server *)
     int h3q_classify(h3q_server *, const uint8_t *, size_t, uint8_t *, size_t *)
     h3q_conn *h3q_accept(h3q_server *, const uint8_t *, size_t, const sockaddr *, socklen_t,
-                         const sockaddr *, socklen_t, uint64_t, void *)
+                         const sockaddr *, socklen_t, uint64_t, void *, int, uint8_t *, size_t *)
     void h3q_conn_del(h3q_conn *)
     void *h3q_conn_host(h3q_conn *)
     void h3q_read(h3q_conn *, const uint8_t *, size_t, const sockaddr *, socklen_t,
@@ -167,15 +175,31 @@ def frame(int kind, bytes payload) -> bytes:
     return _varint(kind) + _varint(len(payload)) + payload
 
 
+def tickets() -> bytes:
+    """The session-ticket key of every worker of every generation (made before the first
+    fork): a ticket any worker issued resumes on any other, with 0-RTT (GnuTLS seals
+    tickets statelessly; h3_quic.c draws each certificate's own key from this one)."""
+    return os.urandom(64)
+
+
 class Configuration:
     """What a worker generation's endpoints are made from: (DNS names, certificate file,
-    key file) in command-line order (GnuTLS picks by the client's server name), the idle
-    timeout; ``retry``, ``tickets``: the qh3 endpoint's, not used by this one yet."""
+    key file) in command-line order (``tls.by_server_name`` picks one by the client's server
+    name, the first for none or an unknown one), the idle timeout, ``tickets`` (``tickets()``,
+    or None: no resumption) and ``retry`` (``--quic-retry``: every new client proves its
+    address first, not only past ``RETRY_ABOVE`` handshakes in progress)."""
 
     def __init__(self, pairs, idle_timeout: float, tickets=None, retry: bool = False) -> None:
         self.pairs, self.idle_timeout, self.tickets, self.retry = list(pairs), idle_timeout, \
             tickets, retry
         self.connection_id_length = CID_LEN
+
+
+def configuration(cert: str, key: str, idle_timeout: float) -> Configuration:
+    """One certificate's configuration (as ``h3.configuration``), checked now."""
+    config = Configuration([((), cert, key)], idle_timeout)
+    _Server(config, None).close()
+    return config
 
 
 def configurations(pairs, idle_timeout: float, tickets=None, retry: bool = False):
@@ -195,14 +219,14 @@ ctypedef struct _Body:
 
 
 cdef void _on_request(void *host, h3q_conn *c, int64_t sid, const h3q_field *f, size_t n,
-                      int ended) noexcept:
+                      unsigned flags) noexcept:
     cdef Endpoint ep = <Endpoint>host
     cdef _Conn conn = <_Conn>h3q_conn_host(c)
     cdef size_t i
     try:
         fields = [(PyBytes_FromStringAndSize(<char *>f[i].name, f[i].namelen),
                    PyBytes_FromStringAndSize(<char *>f[i].value, f[i].valuelen)) for i in range(n)]
-        ep._request(conn, sid, fields, ended)
+        ep._request(conn, sid, fields, flags & H3Q_ENDED, flags & H3Q_EARLY)
     except BaseException as e:
         ep._failed(conn, e)
 
@@ -236,9 +260,20 @@ cdef void _on_route(void *host, h3q_conn *c, const uint8_t *cid, size_t length, 
             del ep.conns[key]
 
 
+cdef size_t _on_credential(void *host, const char *name) noexcept:
+    if host == NULL:
+        return 0
+    try:
+        found = (<Endpoint>host).server.pick(name.decode("ascii", "replace"))
+    except BaseException:
+        return 0
+    return 0 if found is None else found
+
+
 cdef class _Server:
-    """One GnuTLS credential set and the C server over it."""
+    """The certificates (GnuTLS credentials, one per pair) and the C server over them."""
     cdef h3q_server *s
+    cdef public object pick  # server name → the index of its certificate, or None: the first
 
     def __cinit__(self, config, Endpoint ep):
         cdef h3q_calls calls
@@ -251,15 +286,22 @@ cdef class _Server:
         for i in range(n):
             certs[i] = names[i][0]
             keys[i] = names[i][1]
-        calls.request, calls.release, calls.cid, calls.route = \
-            _on_request, _on_release, _on_cid, _on_route
+        self.pick = by_server_name([(dns, i) for i, (dns, _, _) in enumerate(config.pairs)])
+        calls.request, calls.release, calls.cid, calls.route, calls.credential = \
+            _on_request, _on_release, _on_cid, _on_route, _on_credential
         limits.idle_timeout = <uint64_t>(config.idle_timeout * 1e9)
         limits.handshake_timeout = <uint64_t>(H3_HANDSHAKE_HOLD * 1e9)
         limits.stream_window = H3_WINDOW
         limits.max_streams = H3_MAX_STREAMS
         limits.cid_len = CID_LEN
+        limits.retry_lifetime = <uint64_t>(H3_RETRY_LIFETIME * 1e9)
         limits.max_section = FRAME_HEADS * (ep.app.limits.head if ep is not None else 8192)
-        self.s = h3q_server_new(&calls, <void *>ep, &limits, certs, keys, n, err, sizeof(err))
+        ticket = config.tickets
+        if ticket is not None and len(ticket) != 64:
+            raise ValueError("a ticket key is 64 bytes")
+        self.s = h3q_server_new(&calls, <void *>ep if ep is not None else NULL, &limits, certs,
+                                keys, n, <const uint8_t *>PyBytes_AS_STRING(ticket)
+                                if ticket is not None else NULL, err, sizeof(err))
         free(certs)
         free(keys)
         if self.s == NULL:
@@ -297,7 +339,7 @@ cdef class Endpoint:
     cdef public set live
     cdef public list out, forward
     cdef public bint stopping
-    cdef public int handshaking, strays, errors
+    cdef public int handshaking, strays, errors, retry_above
     cdef _Server server
     cdef dict names, peers
     cdef uint8_t *buf
@@ -318,6 +360,7 @@ cdef class Endpoint:
         self.seq = itertools.count()
         self.names, self.peers = {}, {}
         self.steer = None
+        self.retry_above = 0 if config is not None and config.retry else RETRY_ABOVE
         self.server = _Server(config, self) if config is not None else None
 
     def __dealloc__(self):
@@ -429,7 +472,7 @@ cdef class Endpoint:
             self._process(c, now)
 
     cdef _Conn _accept(self, bytes data, addr, bytes name, double now, bint handed):
-        cdef uint8_t answer[1500]
+        cdef uint8_t answer[1500]  # a version negotiation, a Retry or a CONNECTION_CLOSE
         cdef size_t alen = sizeof(answer)
         cdef sockaddr_storage local
         cdef socklen_t locallen
@@ -453,11 +496,15 @@ cdef class Endpoint:
         c.seq = next(self.seq)
         c.since = c.heard = now
         locallen = orisha_h3_local((<const sockaddr *>PyBytes_AS_STRING(name)).sa_family, &local)
+        alen = sizeof(answer)
         c.c = h3q_accept(self.server.s, p, len(data), <const sockaddr *>&local, locallen,
                          <const sockaddr *>PyBytes_AS_STRING(name), len(name),
-                         self._ns(now), <void *>c)
+                         self._ns(now), <void *>c, self.handshaking >= self.retry_above,
+                         answer, &alen)
         if c.c == NULL:
             self._unroute(c)
+            if alen:
+                self.out.append((PyBytes_FromStringAndSize(<char *>answer, alen), addr, 0))
             return None
         self.live.add(c)
         self.handshaking += 1
@@ -589,7 +636,9 @@ cdef class Endpoint:
             self._forget(c)
             return
         t = h3q_expiry(c.c)
-        when = -1.0 if t == NO_EXPIRY else t / 1e9
+        # 1 µs late: a double of today's clock holds 240 ns steps, and a timer read back into
+        # fewer nanoseconds than ngtcp2's expiry would find nothing due (and be set again)
+        when = -1.0 if t == NO_EXPIRY else t / 1e9 + 1e-6
         if when != c.timer:
             c.timer = when
             if when >= 0:
@@ -632,11 +681,14 @@ cdef class Endpoint:
         if c.c != NULL:
             h3q_close(c.c, H3_INTERNAL_ERROR)
 
-    def _request(self, _Conn c, int64_t sid, list fields, bint ended):
-        """A request's decoded fields: its answer, as ``h3._Conn.request`` gives it."""
+    def _request(self, _Conn c, int64_t sid, list fields, bint ended, bint early):
+        """A request's decoded fields: its answer, as ``h3._Conn.request`` gives it.
+        ``early``: it came as 0-RTT, before the handshake completed."""
         cdef double now = c.heard
-        if c.handshaking:
+        if c.handshaking and not early:
             self._opened(c)
+        elif early and c.app is self.app and self.app.hosts is not None:
+            c.app = self.app.view(h3q_server_name(c.c).decode("ascii", "replace") or None)
         c.since = now
         app = c.app
         why = request_fields_error(fields)
@@ -646,6 +698,8 @@ cdef class Endpoint:
             return
         if len(head) > app.limits.head:
             plan = error_plan(431)
+        elif early and refused_early(head):
+            plan = error_plan(TOO_EARLY)
         else:
             plan = app.plans.get(head)
             if plan is None:

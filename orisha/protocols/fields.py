@@ -17,7 +17,7 @@ import re
 
 from ..core.connection import ERRORS, Close, Plan, Tail
 from ..core.dates import format_http_date
-from ..core.policy import CONNECT
+from ..core.policy import CONNECT, SAFE_METHODS
 
 # RFC 9113 §8.2.2, RFC 9114 §4.2: fields that are connection-specific in HTTP/1.1 are never
 # sent, and make a request that carries them malformed.
@@ -107,6 +107,9 @@ H3_MAX_STREAMS = 100      # request streams a client may have open at once (MAX_
 H3_WINDOW = 16 * 1024     # a stream's receive window past what was read
 H3_HANDSHAKE_HOLD = 64.0  # s a handshake is held without word from the client (quic_qh3.py
                           # says why: it outlives every client probe but the one at 63 s)
+H3_RETRY_LIFETIME = 30.0  # s a Retry's token is taken back (RFC 9000 §8.1.4: clients return it
+                          # at once; a captured one is worth a 3x amplification from its address)
+RETRY_ABOVE = 64          # handshakes in progress beyond which new clients get a Retry
 FRAME_HEADS = 4           # a frame held whole (HEADERS, SETTINGS) over this many head limits:
                           # H3_EXCESSIVE_LOAD (RFC 9114 §7.1)
 _PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path", b":protocol"))
@@ -136,6 +139,12 @@ def request_fields_error(headers) -> str | None:
     if not _NEEDED <= seen:
         return f"Pseudo-headers {sorted(_NEEDED - seen)} are missing"
     return None
+
+
+def refused_early(head: bytes) -> bool:
+    """Whether a request that came as 0-RTT early data gets 425 Too Early: any method but
+    GET and HEAD (RFC 8470 §5.2; a replay of those changes nothing on a static site)."""
+    return head[:head.find(b" ")] not in SAFE_METHODS
 
 
 def declared_length(head: bytes | None) -> int:

@@ -80,19 +80,19 @@ from qh3._hazmat import BufferReadError
 
 from ..blob import FileRegion
 from ..core.connection import log_line
-from ..core.policy import SAFE_METHODS, TOO_EARLY, Stat
+from ..core.policy import TOO_EARLY, Stat
 from ..errors import ServeError
-from .fields import FRAME_HEADS, H3_MAX_STREAMS, H3_WINDOW, PerSecond, declared_length, \
-    error_plan, request_fields_error, synthetic_head
+from .fields import FRAME_HEADS, H3_MAX_STREAMS, H3_WINDOW, RETRY_ABOVE, PerSecond, \
+    declared_length, error_plan, refused_early, request_fields_error, synthetic_head
 from .qpack_blocks import Sections, date_field
 from .quic_qh3 import HANDSHAKE_HOLD, ServerConnection
 from .quic_retry import RetryTokens
+from .quic_tickets import Tickets
 from .tls import by_server_name
 
 _STREAM_AHEAD = 64 * 1024  # body bytes queued in a stream's send buffer (unacknowledged)
 _GSO_BYTES = 65000         # a GSO group's payload stays under the 64 KiB UDP limit…
 _GSO_SEGMENTS = 64         # …and within the kernel's UDP_MAX_SEGMENTS
-RETRY_ABOVE = 64           # handshakes in progress beyond which new clients get a Retry
 # Request streams a client may have open at once (MAX_STREAMS, RFC 9000 §4.6; aioquic's
 # default is 128). aioquic walks every open stream twice for each packet it builds (its
 # stream limits, then its send queue, in Python), so a packet costs more the more streams
@@ -136,6 +136,12 @@ def configuration(cert: str, key: str, idle_timeout: float) -> ServerConfigurati
     except (OSError, ValueError) as e:  # unreadable, not PEM, or a key that does not match
         raise ServeError(f"{cert}, {key}: cannot load them for QUIC ({e})") from None
     return config
+
+
+def tickets():
+    """The session-ticket table every worker of every generation shares (quic_tickets.py),
+    made before the first fork."""
+    return Tickets()
 
 
 def configurations(pairs, idle_timeout: float, tickets=None,
@@ -397,7 +403,7 @@ class _Conn:
             return
         if len(head) > app.limits.head:
             plan = error_plan(431)
-        elif self.handshaking and head[:head.find(b" ")] not in SAFE_METHODS:
+        elif self.handshaking and refused_early(head):
             plan = error_plan(TOO_EARLY)  # before the handshake completes: it came as 0-RTT
         else:
             plan = app.plans.get(head)

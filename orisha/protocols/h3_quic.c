@@ -32,13 +32,24 @@ static const char PRIORITY[] =
     "+AES-256-GCM:+CHACHA20-POLY1305:+AES-128-CCM:-GROUP-ALL:+GROUP-X25519:"
     "+GROUP-SECP256R1:+GROUP-SECP384R1:+GROUP-SECP521R1";
 
+/* One certificate: its credentials, and the key its session tickets are sealed with. */
+typedef struct {
+    gnutls_certificate_credentials_t cred;
+    uint8_t ticket_key[64];
+    gnutls_datum_t ticket;
+} credential;
+
 struct h3q_server {
     h3q_calls calls;
     void *host;
     h3q_limits limits;
-    gnutls_certificate_credentials_t cred;
+    credential *creds;
+    size_t ncreds;
+    int tickets;              /* session tickets and 0-RTT */
+    gnutls_anti_replay_t anti_replay;
     gnutls_priority_t priority;
     uint8_t reset_secret[32]; /* stateless reset tokens */
+    uint8_t retry_secret[32]; /* Retry tokens: this worker's (its tag routes them back) */
 };
 
 /* A frame being read from a stream: its header, then its payload (kept only for the
@@ -353,6 +364,8 @@ static int control_frame(h3q_conn *c, stream *st, uint64_t type, const uint8_t *
 }
 
 static void request_fields(h3q_conn *c, stream *st, const uint8_t *pay, size_t len, int ended) {
+    unsigned flags = (ended ? H3Q_ENDED : 0)
+                     | (ngtcp2_conn_get_handshake_completed(c->conn) ? 0 : H3Q_EARLY);
     if (st->sctx == NULL && nghttp3_qpack_stream_context_new(&st->sctx, st->id, nghttp3_mem_default()) != 0) {
         conn_error(c, H3_INTERNAL_ERROR);
         return;
@@ -421,7 +434,7 @@ static void request_fields(h3q_conn *c, stream *st, const uint8_t *pay, size_t l
     }
     if (st->id > c->last_sid) c->last_sid = st->id;
     c->current = st;
-    c->s->calls.request(c->s->host, c, st->id, fields, nfields, ended);
+    c->s->calls.request(c->s->host, c, st->id, fields, nfields, flags);
     c->current = NULL;
     goto done;
 fail:
@@ -591,7 +604,48 @@ static int handshake_completed(ngtcp2_conn *conn, void *user) {
     (void)conn;
     h3q_conn *c = user;
     c->state = H3Q_OPEN;
+    /* one ticket, after the handshake (GNUTLS_NO_AUTO_SEND_TICKET): as ngtcp2's server */
+    if (c->s->tickets && gnutls_session_ticket_send(c->tls, 1, 0) != 0) { /* none: no resumption */ }
     return open_ours(c) ? NGTCP2_ERR_CALLBACK_FAILURE : 0;
+}
+
+/* The client hello's server name (extension 0, RFC 6066 §3: the first host_name), read
+ * before GnuTLS parses the hello: it chooses the certificate and the ticket key. */
+static int hello_ext(void *ctx, unsigned tls_id, const unsigned char *data, unsigned len) {
+    char *name = ctx;
+    if (tls_id != 0 || len < 5) return 0;
+    unsigned list = (unsigned)data[0] << 8 | data[1];
+    if (list + 2 > len || data[2] != 0) return 0;
+    unsigned n = (unsigned)data[3] << 8 | data[4];
+    if (n + 5 > len || n >= 256 || memchr(data + 5, 0, n)) return 0;
+    memcpy(name, data + 5, n);
+    name[n] = 0;
+    return 0;
+}
+
+static int hello_hook(gnutls_session_t tls, unsigned htype, unsigned when, unsigned incoming,
+                      const gnutls_datum_t *msg) {
+    (void)htype; (void)when; (void)incoming;
+    h3q_conn *c = ((ngtcp2_crypto_conn_ref *)gnutls_session_get_ptr(tls))->user_data;
+    h3q_server *s = c->s;
+    char name[256] = "";
+    gnutls_ext_raw_parse(name, hello_ext, msg, GNUTLS_EXT_RAW_FLAG_TLS_CLIENT_HELLO);
+    size_t i = s->calls.credential(s->host, name);
+    if (i >= s->ncreds) i = 0;
+    if (gnutls_credentials_set(tls, GNUTLS_CRD_CERTIFICATE, s->creds[i].cred) != 0)
+        return GNUTLS_E_INTERNAL_ERROR;
+    if (s->tickets && gnutls_session_ticket_enable_server(tls, &s->creds[i].ticket) != 0)
+        return GNUTLS_E_INTERNAL_ERROR;
+    return 0;
+}
+
+/* Every 0-RTT attempt is new to us: every answer is a static GET or HEAD's (425 for any
+ * other method early), so a replay changes nothing (RFC 9001 §9.2, RFC 8470 §5.2). GnuTLS
+ * still holds early data to its ticket-age window. */
+static int replay_add(void *ptr, time_t expires, const gnutls_datum_t *key,
+                      const gnutls_datum_t *data) {
+    (void)ptr; (void)expires; (void)key; (void)data;
+    return 0;
 }
 
 static void rand_cb(uint8_t *dest, size_t len, const ngtcp2_rand_ctx *ctx) {
@@ -626,27 +680,52 @@ static ngtcp2_conn *get_conn(ngtcp2_crypto_conn_ref *ref) {
 
 h3q_server *h3q_server_new(const h3q_calls *calls, void *host, const h3q_limits *limits,
                            const char *const *certs, const char *const *keys, size_t n,
-                           char *err, size_t errlen) {
+                           const uint8_t *ticket_key, char *err, size_t errlen) {
     h3q_server *s = calloc(1, sizeof(*s));
-    if (s == NULL) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (s == NULL || n == 0 || (s->creds = calloc(n, sizeof(*s->creds))) == NULL) {
+        snprintf(err, errlen, n ? "out of memory" : "no certificate");
+        h3q_server_del(s);
+        return NULL;
+    }
     s->calls = *calls;
     s->host = host;
     s->limits = *limits;
+    s->tickets = ticket_key != NULL;
     rand_bytes(s->reset_secret, sizeof(s->reset_secret));
-    int rv = gnutls_certificate_allocate_credentials(&s->cred);
-    if (rv == 0) rv = gnutls_priority_init(&s->priority, PRIORITY, NULL);
+    rand_bytes(s->retry_secret, sizeof(s->retry_secret));
+    int rv = gnutls_priority_init(&s->priority, PRIORITY, NULL);
+    if (rv == 0 && s->tickets) {
+        rv = gnutls_anti_replay_init(&s->anti_replay);
+        if (rv == 0) gnutls_anti_replay_set_add_function(s->anti_replay, replay_add);
+    }
     if (rv != 0) {
         snprintf(err, errlen, "GnuTLS: %s", gnutls_strerror(rv));
         h3q_server_del(s);
         return NULL;
     }
     for (size_t i = 0; i < n; i++) {
-        rv = gnutls_certificate_set_x509_key_file2(s->cred, certs[i], keys[i],
-                                                   GNUTLS_X509_FMT_PEM, NULL, 0);
+        credential *k = &s->creds[i];
+        s->ncreds = i + 1;
+        rv = gnutls_certificate_allocate_credentials(&k->cred);
+        if (rv == 0)
+            rv = gnutls_certificate_set_x509_key_file2(k->cred, certs[i], keys[i],
+                                                       GNUTLS_X509_FMT_PEM, NULL, 0);
         if (rv < 0) {
             snprintf(err, errlen, "%s, %s: %s", certs[i], keys[i], gnutls_strerror(rv));
             h3q_server_del(s);
             return NULL;
+        }
+        if (s->tickets) {  /* HMAC-SHA-512(shared key, certificate's index): 64 bytes */
+            uint8_t index[8];
+            for (int b = 0; b < 8; b++) index[b] = (uint8_t)((uint64_t)i >> (56 - 8 * b));
+            if (gnutls_hmac_fast(GNUTLS_MAC_SHA512, ticket_key, 64, index, sizeof(index),
+                                 k->ticket_key) != 0) {
+                snprintf(err, errlen, "GnuTLS: no HMAC-SHA-512 for the ticket keys");
+                h3q_server_del(s);
+                return NULL;
+            }
+            k->ticket.data = k->ticket_key;
+            k->ticket.size = sizeof(k->ticket_key);
         }
     }
     return s;
@@ -654,7 +733,10 @@ h3q_server *h3q_server_new(const h3q_calls *calls, void *host, const h3q_limits 
 
 void h3q_server_del(h3q_server *s) {
     if (s == NULL) return;
-    if (s->cred) gnutls_certificate_free_credentials(s->cred);
+    for (size_t i = 0; i < s->ncreds; i++)
+        if (s->creds[i].cred) gnutls_certificate_free_credentials(s->creds[i].cred);
+    free(s->creds);
+    if (s->anti_replay) gnutls_anti_replay_deinit(s->anti_replay);
     if (s->priority) gnutls_priority_deinit(s->priority);
     free(s);
 }
@@ -678,12 +760,55 @@ int h3q_classify(h3q_server *s, const uint8_t *data, size_t len, uint8_t *out, s
     return H3Q_NEW;
 }
 
+/* Whether an Initial's token proves its address: 1 (a Retry token of ours: `*odcid` is the
+ * ID the client first sent), 0 (none, or not one of ours: as if none), -1 (ours, but for
+ * another address, or expired: the client cannot take another Retry, §17.2.5.2). */
+static int retried(h3q_server *s, const ngtcp2_pkt_hd *hd, const struct sockaddr *remote,
+                   socklen_t remotelen, uint64_t now, ngtcp2_cid *odcid) {
+    if (hd->tokenlen == 0 || hd->token[0] != NGTCP2_CRYPTO_TOKEN_MAGIC_RETRY2) return 0;
+    int rv = ngtcp2_crypto_verify_retry_token2(
+        odcid, hd->token, hd->tokenlen, s->retry_secret, sizeof(s->retry_secret), hd->version,
+        (const ngtcp2_sockaddr *)remote, (ngtcp2_socklen)remotelen, &hd->dcid,
+        s->limits.retry_lifetime, now);
+    return rv == 0 ? 1 : rv == NGTCP2_CRYPTO_ERR_UNREADABLE_TOKEN ? 0 : -1;
+}
+
+/* The Retry for `hd` (its source ID drawn by the host, so it names this worker), or 0. */
+static size_t write_retry(h3q_server *s, const ngtcp2_pkt_hd *hd, const struct sockaddr *remote,
+                          socklen_t remotelen, uint64_t now, uint8_t *out, size_t cap) {
+    ngtcp2_cid scid;
+    uint8_t token[NGTCP2_CRYPTO_MAX_RETRY_TOKENLEN2];
+    scid.datalen = s->limits.cid_len;
+    s->calls.cid(s->host, NULL, scid.data, scid.datalen);
+    ngtcp2_ssize n = ngtcp2_crypto_generate_retry_token2(
+        token, s->retry_secret, sizeof(s->retry_secret), hd->version,
+        (const ngtcp2_sockaddr *)remote, (ngtcp2_socklen)remotelen, &scid, &hd->dcid, now);
+    if (n < 0) return 0;
+    n = ngtcp2_crypto_write_retry(out, cap, hd->version, &hd->scid, &scid, &hd->dcid, token,
+                                  (size_t)n);
+    return n < 0 ? 0 : (size_t)n;
+}
+
 h3q_conn *h3q_accept(h3q_server *s, const uint8_t *data, size_t len,
                      const struct sockaddr *local, socklen_t locallen,
                      const struct sockaddr *remote, socklen_t remotelen, uint64_t now,
-                     void *conn_host) {
+                     void *conn_host, int retry, uint8_t *out, size_t *outlen) {
     ngtcp2_pkt_hd hd;
+    ngtcp2_cid odcid;
+    size_t cap = *outlen;
+    *outlen = 0;
     if (ngtcp2_accept(&hd, data, len) != 0) return NULL;
+    int proven = retried(s, &hd, remote, remotelen, now, &odcid);
+    if (proven < 0) {
+        ngtcp2_ssize n = ngtcp2_crypto_write_connection_close(
+            out, cap, hd.version, &hd.scid, &hd.dcid, NGTCP2_INVALID_TOKEN, NULL, 0);
+        *outlen = n < 0 ? 0 : (size_t)n;
+        return NULL;
+    }
+    if (retry && !proven) {
+        *outlen = write_retry(s, &hd, remote, remotelen, now, out, cap);
+        return NULL;
+    }
     h3q_conn *c = calloc(1, sizeof(*c));
     if (c == NULL) return NULL;
     c->s = s;
@@ -721,6 +846,11 @@ h3q_conn *h3q_accept(h3q_server *s, const uint8_t *data, size_t len,
     settings.initial_ts = now;
     settings.handshake_timeout = s->limits.handshake_timeout;
     settings.max_stream_window = s->limits.stream_window;
+    if (proven) {
+        settings.token = hd.token;
+        settings.tokenlen = hd.tokenlen;
+        settings.token_type = NGTCP2_TOKEN_TYPE_RETRY;
+    }
 
     ngtcp2_transport_params params;
     ngtcp2_transport_params_default(&params);
@@ -731,8 +861,12 @@ h3q_conn *h3q_accept(h3q_server *s, const uint8_t *data, size_t len,
     params.initial_max_streams_uni = 3;
     params.max_idle_timeout = s->limits.idle_timeout;
     params.active_connection_id_limit = 7;
-    params.original_dcid = hd.dcid;
+    params.original_dcid = proven ? odcid : hd.dcid;
     params.original_dcid_present = 1;
+    if (proven) {  /* §7.3: the Retry's source ID */
+        params.retry_scid = hd.dcid;
+        params.retry_scid_present = 1;
+    }
     params.stateless_reset_token_present = 1;
 
     ngtcp2_cid scid;
@@ -746,12 +880,20 @@ h3q_conn *h3q_accept(h3q_server *s, const uint8_t *data, size_t len,
                                &settings, &params, NULL, c) != 0)
         goto fail;
     if (gnutls_init(&c->tls, GNUTLS_SERVER | GNUTLS_NO_AUTO_SEND_TICKET
-                                 | GNUTLS_NO_END_OF_EARLY_DATA) != 0)
+                                 | GNUTLS_NO_END_OF_EARLY_DATA
+                                 | (s->tickets ? GNUTLS_ENABLE_EARLY_DATA : GNUTLS_NO_TICKETS))
+        != 0)
         goto fail;
     if (gnutls_priority_set(c->tls, s->priority) != 0
         || ngtcp2_crypto_gnutls_configure_server_session(c->tls) != 0
-        || gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, s->cred) != 0)
+        || gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, s->creds[0].cred) != 0)
         goto fail;
+    gnutls_handshake_set_hook_function(c->tls, GNUTLS_HANDSHAKE_CLIENT_HELLO, GNUTLS_HOOK_PRE,
+                                       hello_hook);
+    if (s->tickets) {
+        gnutls_anti_replay_enable(c->tls, s->anti_replay);
+        gnutls_record_set_max_early_data_size(c->tls, 0xffffffffu);
+    }
     {
         gnutls_datum_t alpn = {(unsigned char *)"h3", 2};
         if (gnutls_alpn_set_protocols(c->tls, &alpn, 1, GNUTLS_ALPN_MANDATORY) != 0) goto fail;

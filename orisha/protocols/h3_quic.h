@@ -29,16 +29,20 @@ typedef struct {
 } h3q_field;
 
 typedef struct {
-    /* A request stream's field section, decoded; `ended`: the stream ended with it.
-     * The host answers now (h3q_respond, h3q_reset) or never. */
+    /* A request stream's field section, decoded; `flags`: H3Q_ENDED (the stream ended
+     * with it), H3Q_EARLY (it came as 0-RTT: the handshake has not completed). The host
+     * answers now (h3q_respond, h3q_reset) or never. */
     void (*request)(void *host, h3q_conn *c, int64_t sid, const h3q_field *fields, size_t n,
-                    int ended);
+                    unsigned flags);
     /* A response's body owner (h3q_respond) is no longer read. */
     void (*release)(void *host, void *owner);
     /* Fill `cid` with `len` bytes: a new connection ID for connection `c`. */
     void (*cid)(void *host, h3q_conn *c, uint8_t *cid, size_t len);
     /* `cid` names `c` from now on (added) or no longer. */
     void (*route)(void *host, h3q_conn *c, const uint8_t *cid, size_t len, int added);
+    /* Which certificate (index into h3q_server_new's) answers a client hello naming
+     * `name` ("" for none). */
+    size_t (*credential)(void *host, const char *name);
 } h3q_calls;
 
 typedef struct {
@@ -48,25 +52,36 @@ typedef struct {
     size_t max_section;         /* a HEADERS or SETTINGS frame longer: H3_EXCESSIVE_LOAD */
     uint64_t max_streams;       /* request streams open at once */
     size_t cid_len;
+    uint64_t retry_lifetime;    /* ns a Retry's token is taken back */
 } h3q_limits;
+
+enum { H3Q_ENDED = 1, H3Q_EARLY = 2 };
 
 /* What a datagram of no known connection is. */
 enum { H3Q_DROP = 0, H3Q_NEW = 1, H3Q_ANSWERED = 2 };
 /* A connection's state (h3q_state). */
 enum { H3Q_HANDSHAKING = 0, H3Q_OPEN = 1, H3Q_CLOSING = 2, H3Q_GONE = 3 };
 
+/* `ticket_key`: 64 bytes every worker shares, for TLS session tickets and 0-RTT (each
+ * certificate's tickets are sealed with a key of its own drawn from it, so a ticket
+ * resumes only under the certificate it was issued with), or NULL for none. */
 h3q_server *h3q_server_new(const h3q_calls *calls, void *host, const h3q_limits *limits,
                            const char *const *certs, const char *const *keys, size_t n,
-                           char *err, size_t errlen);
+                           const uint8_t *ticket_key, char *err, size_t errlen);
 void h3q_server_del(h3q_server *s);
 
 /* A datagram of no known connection: H3Q_NEW (a client's first Initial: h3q_accept it),
  * H3Q_ANSWERED (a version negotiation written to `out`, `*outlen` bytes) or H3Q_DROP. */
 int h3q_classify(h3q_server *s, const uint8_t *data, size_t len, uint8_t *out, size_t *outlen);
+/* A connection for a client's first Initial; or NULL, with `*outlen` bytes in `out` to send
+ * back when it was answered instead: a Retry (RFC 9000 §8.1.2) when `retry` and the
+ * Initial carries no token of ours, or CONNECTION_CLOSE with INVALID_TOKEN for a Retry token
+ * of ours that fails (expired, another address). A valid Retry token is taken whether
+ * `retry` is asked or not. `out` holds at least 1,200 bytes. */
 h3q_conn *h3q_accept(h3q_server *s, const uint8_t *data, size_t len,
                      const struct sockaddr *local, socklen_t locallen,
                      const struct sockaddr *remote, socklen_t remotelen, uint64_t now,
-                     void *conn_host);
+                     void *conn_host, int retry, uint8_t *out, size_t *outlen);
 void h3q_conn_del(h3q_conn *c);
 void *h3q_conn_host(h3q_conn *c);
 

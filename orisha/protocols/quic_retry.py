@@ -24,8 +24,9 @@ import hmac
 import ipaddress
 import os
 
+from .fields import H3_RETRY_LIFETIME as LIFETIME
+
 VERSION = 1
-LIFETIME = 30.0  # seconds, as aioquic's (RFC 9000 §8.1.4: clients return them at once)
 _MAC = 16
 
 

@@ -525,8 +525,7 @@ def _quic(pairs, limits: Limits, retry: bool = False):
         except ImportError as e:
             raise ServeError(f"HTTP/3 needs qh3 (a dependency of orisha: pip install qh3==2.1.0), or --no-http3: {e}") \
                 from None
-    from ..protocols.quic_tickets import Tickets
-    tickets = Tickets()  # before the fork: one table for every worker of every generation
+    tickets = h3.tickets()  # before the fork: every worker of every generation resumes them
     make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets, retry)  # noqa: E731
     make()
     return make
