@@ -312,6 +312,83 @@ def test_every_built_section_decodes_to_its_head(builds):
     assert n > 20
 
 
+def _step(client, ep, client_addr, now: float) -> float:
+    """The client's datagrams to ``ep``; when neither side has any to send, the simulated
+    clock on to the next timer (ngtcp2 paces and delays ACKs), which fires. The clock."""
+    up = [(d, client_addr) for d, _ in client.datagrams_to_send(now)]
+    ep.receive(up, now)
+    if not up and not ep.outgoing:
+        now = min(t for t in (client.get_timer(), ep.timer, now + 1) if t is not None)
+        if client.get_timer() is not None and now >= client.get_timer():
+            client.handle_timer(now)
+        if ep.timer is not None and now >= ep.timer:
+            ep.expire(now)
+    return now
+
+
+def _statuses(ep, pki, paths: list, now: float, wave: int = 50) -> tuple[dict, float]:
+    """aioquic's client against ``ep`` in memory, one connection from ``now`` on a simulated
+    clock: GET each of ``paths`` (bytes), ``wave`` streams at a time; ({path: final status, or
+    "reset" for a stream the server reset}, the clock's time at the end). A path that starts
+    with ``/bad`` is sent with a field name in capitals (malformed: RFC 9114 §4.2)."""
+    from aioquic.quic.connection import QuicConnection
+    from aioquic.quic.events import StreamReset
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    config.load_verify_locations(pki.ca)
+    client = QuicConnection(configuration=config)
+    ch3 = _Recorder(client)
+    server_addr, client_addr = ("127.0.0.1", 4433), ("127.0.0.1", 5555)
+    client.connect(server_addr, now)
+    pending, running, statuses, ready = list(paths), {}, {}, False
+    for _ in range(20 * len(paths) + 100):
+        now = _step(client, ep, client_addr, now)
+        for payload, _, seg in ep.outgoing:
+            for i in range(0, len(payload), seg or len(payload)):
+                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
+        ep.sent(len(ep.outgoing), now)
+        event = client.next_event()
+        while event is not None:
+            ready = ready or event.__class__.__name__ == "HandshakeCompleted"
+            if isinstance(event, StreamReset):
+                statuses[running.pop(event.stream_id)] = "reset"
+            for e in ch3.handle_event(event):
+                if isinstance(e, HeadersReceived) and not _interim(e.headers):
+                    statuses[running[e.stream_id]] = int(dict(e.headers)[b":status"])
+                if getattr(e, "stream_ended", False):
+                    del running[e.stream_id]
+            event = client.next_event()
+        if ready and not running:
+            if not pending:
+                return statuses, now
+            for path in pending[:wave]:
+                sid = client.get_next_available_stream_id()
+                running[sid] = path
+                bad = [(b"X-Bad", b"1")] if path.startswith(b"/bad") else []
+                ch3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                       (b":authority", b"localhost"), (b":path", path)] + bad, True)
+            del pending[:wave]
+    raise AssertionError(f"{len(statuses)} of {len(paths)} answered")
+
+
+def test_the_memo_of_request_sections_is_bounded_and_answers_as_decoding_does(builds, pki):
+    """The ngtcp2 endpoint answers a request section it has seen from its memo (no dynamic
+    table: the same bytes are the same fields), a malformed one too (the stream reset again,
+    never answered), and keeps at most ``MEMO_MAX`` sections, however many distinct ones
+    come."""
+    from orisha.core.connection import App
+    from orisha.protocols import compiled_h3
+    from orisha.serving.server import load_site
+    ep = compiled_h3.Endpoint(App(load_site(builds["notfound"])),
+                              compiled_h3.configuration(pki.chain, pki.key, 15))
+    paths = [b"/?%d" % i for i in range(compiled_h3.MEMO_MAX + 200)]
+    paths += [b"/", b"/nope", b"/bad", b"/"]
+    got, now = _statuses(ep, pki, paths, time.time())
+    assert [got[p] for p in paths] == [200] * (len(paths) - 4) + [200, 404, "reset", 200]
+    assert 0 < len(ep.heads) <= compiled_h3.MEMO_MAX
+    again, _ = _statuses(ep, pki, [b"/nope", b"/bad", b"/", b"/?5"], now)  # memoised
+    assert again == {b"/nope": 404, b"/bad": "reset", b"/": 200, b"/?5": 200}
+
+
 def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki, engine):
     """Nothing re-encodes a built section: the Endpoint, driven in memory by aioquic's own
     client connection, sends the bytes a loaded site carries."""
@@ -395,14 +472,7 @@ def _in_memory(ep, pki, path: bytes = b"/"):
     client.connect(server_addr, now)
     sid, done, sent = None, [], []
     for _ in range(50):
-        up = [(d, client_addr) for d, _ in client.datagrams_to_send(now)]
-        ep.receive(up, now)
-        if not up and not ep.outgoing:  # on to the next timer (ngtcp2 paces and delays ACKs)
-            now = min(t for t in (client.get_timer(), ep.timer, now + 1) if t is not None)
-            if client.get_timer() is not None and now >= client.get_timer():
-                client.handle_timer(now)
-            if ep.timer is not None and now >= ep.timer:
-                ep.expire(now)
+        now = _step(client, ep, client_addr, now)
         for payload, _, seg in ep.outgoing:
             for i in range(0, len(payload), seg or len(payload)):
                 sent.append(payload[i:i + (seg or len(payload))])

@@ -105,7 +105,8 @@ cdef extern from "h3_quic.h":
         size_t namelen
         size_t valuelen
     ctypedef struct h3q_calls:
-        void (*request)(void *, h3q_conn *, int64_t, const h3q_field *, size_t, unsigned)
+        void (*request)(void *, h3q_conn *, int64_t, const uint8_t *, size_t, const h3q_field *,
+                        size_t, unsigned)
         void (*release)(void *, void *)
         void (*cid)(void *, h3q_conn *, uint8_t *, size_t)
         void (*route)(void *, h3q_conn *, const uint8_t *, size_t, int)
@@ -158,21 +159,47 @@ H3_MESSAGE_ERROR, H3_REQUEST_REJECTED = 0x10e, 0x10b
 
 _SECTIONS = Sections()
 _DATE = PerSecond(date_field)
+cdef Py_ssize_t REQUESTS = Stat.REQUESTS, RESPONSE_BYTES = Stat.RESPONSE_BYTES
+cdef enum:
+    MEMO_SECTION = 1024    # request sections memoised (``heads``) at most this long…
+    _MEMO_MAX = 1024       # …and this many of them per worker (then the memo starts again)
 
 
-def _varint(n: int) -> bytes:
+MEMO_MAX = _MEMO_MAX  # for the tests
+
+
+cdef size_t _put_varint(uint8_t *p, uint64_t n) noexcept:
+    """QUIC's variable-length integer (RFC 9000 §16) at ``p``; its length."""
+    cdef size_t k, i
     if n < 64:
-        return bytes((n,))
-    if n < 16384:
-        return (0x4000 | n).to_bytes(2, "big")
-    if n < 1 << 30:
-        return (0x80000000 | n).to_bytes(4, "big")
-    return (0xc000000000000000 | n).to_bytes(8, "big")
+        p[0] = <uint8_t>n
+        return 1
+    k = 2 if n < 16384 else 4 if n < (1 << 30) else 8
+    for i in range(k):
+        p[k - 1 - i] = <uint8_t>(n >> (8 * i))
+    p[0] |= (0x40 if k == 2 else 0x80 if k == 4 else 0xc0)
+    return k
 
 
-def frame(int kind, bytes payload) -> bytes:
-    """An HTTP/3 frame (RFC 9114 §7.1)."""
-    return _varint(kind) + _varint(len(payload)) + payload
+cdef bytes _frames(bytes early, bytes section, bytes date, size_t bodylen):
+    """An answer's frames before its body (RFC 9114 §7.1): ``early`` (a 103's HEADERS
+    frame, or empty), HEADERS of the build's ``section`` and the ``date`` literal, then a DATA
+    frame's header for ``bodylen`` bytes (none for an empty body), in one allocation."""
+    cdef uint8_t head[24]
+    cdef size_t el = len(early), sl = len(section), dl = len(date), k, d = 0
+    k = _put_varint(head, 1)
+    k += _put_varint(head + k, sl + dl)
+    if bodylen:
+        d = _put_varint(head + k, 0)
+        d += _put_varint(head + k + d, bodylen)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, el + k + sl + dl + d)
+    cdef char *o = PyBytes_AS_STRING(out)
+    memcpy(o, PyBytes_AS_STRING(early), el)
+    memcpy(o + el, head, k)
+    memcpy(o + el + k, PyBytes_AS_STRING(section), sl)
+    memcpy(o + el + k + sl, PyBytes_AS_STRING(date), dl)
+    memcpy(o + el + k + sl + dl, head + k, d)
+    return out
 
 
 def tickets() -> bytes:
@@ -218,15 +245,32 @@ ctypedef struct _Body:
     Py_buffer view
 
 
-cdef void _on_request(void *host, h3q_conn *c, int64_t sid, const h3q_field *f, size_t n,
-                      unsigned flags) noexcept:
+cdef void _on_request(void *host, h3q_conn *c, int64_t sid, const uint8_t *section,
+                      size_t length, const h3q_field *f, size_t n, unsigned flags) noexcept:
+    """A request: its synthetic head and request line, from ``Endpoint.heads`` when the
+    same section was seen before (no dynamic table: the same bytes, the same fields), else
+    from its decoded fields."""
     cdef Endpoint ep = <Endpoint>host
     cdef _Conn conn = <_Conn>h3q_conn_host(c)
     cdef size_t i
+    cdef tuple got = None
+    cdef bytes key = None
     try:
-        fields = [(PyBytes_FromStringAndSize(<char *>f[i].name, f[i].namelen),
-                   PyBytes_FromStringAndSize(<char *>f[i].value, f[i].valuelen)) for i in range(n)]
-        ep._request(conn, sid, fields, flags & H3Q_ENDED, flags & H3Q_EARLY)
+        if length <= MEMO_SECTION:
+            key = PyBytes_FromStringAndSize(<char *>section, length)
+            got = ep.heads.get(key)
+        if got is None:
+            fields = [(PyBytes_FromStringAndSize(<char *>f[i].name, f[i].namelen),
+                       PyBytes_FromStringAndSize(<char *>f[i].value, f[i].valuelen))
+                      for i in range(n)]
+            head, line = synthetic_head(fields) if request_fields_error(fields) is None \
+                else (None, b"")
+            got = (head, line[:len(line) - 8] + b"HTTP/3.0")
+            if key is not None:
+                if len(ep.heads) >= _MEMO_MAX:
+                    ep.heads.clear()
+                ep.heads[key] = got
+        ep._request(conn, sid, got[0], got[1], flags & H3Q_ENDED, flags & H3Q_EARLY)
     except BaseException as e:
         ep._failed(conn, e)
 
@@ -335,7 +379,7 @@ cdef class _Conn:
 cdef class Endpoint:
     """Every HTTP/3 connection of one worker over ngtcp2 (the contract of ``base.py``)."""
     cdef public object app, config, steer, timers
-    cdef public dict conns
+    cdef public dict conns, heads  # heads: request section → (synthetic head, request line)
     cdef public set live
     cdef public list out, forward
     cdef public bint stopping
@@ -358,7 +402,7 @@ cdef class Endpoint:
         self.conns, self.live, self.out, self.forward = {}, set(), [], []
         self.timers = []
         self.seq = itertools.count()
-        self.names, self.peers = {}, {}
+        self.names, self.peers, self.heads = {}, {}, {}
         self.steer = None
         self.retry_above = 0 if config is not None and config.retry else RETRY_ABOVE
         self.server = _Server(config, self) if config is not None else None
@@ -681,9 +725,10 @@ cdef class Endpoint:
         if c.c != NULL:
             h3q_close(c.c, H3_INTERNAL_ERROR)
 
-    def _request(self, _Conn c, int64_t sid, list fields, bint ended, bint early):
-        """A request's decoded fields: its answer, as ``h3._Conn.request`` gives it.
-        ``early``: it came as 0-RTT, before the handshake completed."""
+    cdef _request(self, _Conn c, int64_t sid, bytes head, bytes line, bint ended, bint early):
+        """A request's synthetic head (None: malformed) and line: its answer, as
+        ``h3._Conn.request`` gives it. ``early``: it came as 0-RTT, before the handshake
+        completed."""
         cdef double now = c.heard
         if c.handshaking and not early:
             self._opened(c)
@@ -691,8 +736,6 @@ cdef class Endpoint:
             c.app = self.app.view(h3q_server_name(c.c).decode("ascii", "replace") or None)
         c.since = now
         app = c.app
-        why = request_fields_error(fields)
-        head, line = synthetic_head(fields) if why is None else (None, b"")
         if head is None or (ended and declared_length(head) > 0):
             h3q_reset(c.c, sid, H3_MESSAGE_ERROR)  # RFC 9114 §4.1.2: a stream error
             return
@@ -704,7 +747,7 @@ cdef class Endpoint:
             plan = app.plans.get(head)
             if plan is None:
                 plan = app.plan(head)
-        self._respond(c, sid, plan, line[:len(line) - 8] + b"HTTP/3.0", now, head)
+        self._respond(c, sid, plan, line, now, head)
         if not ended:  # §4.1: answered before the request ended; it need not go on
             h3q_stop_reading(c.c, sid, H3_NO_ERROR)
 
@@ -714,19 +757,17 @@ cdef class Endpoint:
         app = c.app
         if stats is None:
             stats = app.counts
-        stats[Stat.REQUESTS] += 1
-        stats[Stat.RESPONSE_BYTES] += len(body)
+        stats[REQUESTS] += 1
+        stats[RESPONSE_BYTES] += len(body)
         if status >= 400:
             stats[Stat.ERROR[status]] += 1
         if app.log_lines is not None:
             app.log_lines.append(log_line(c.peer[0], now, line, status, len(body),
                                           b"" if app.hosts is None else app.hosts.label(request)))
-        section = _SECTIONS.get(head) + _DATE(now)
-        frames = frame(1, section)
-        if _SECTIONS.early:
-            frames = _SECTIONS.early.get(head, b"") + frames
+        date = _DATE.field if <long>now == _DATE.second else _DATE(now)
+        frames = _frames(_SECTIONS.early.get(head, b"") if _SECTIONS.early else b"",
+                         _SECTIONS.get(head), date, len(body))
         if body:
-            frames += _varint(0) + _varint(len(body))
             b = <_Body *>malloc(sizeof(_Body))
             if b == NULL:
                 raise MemoryError()

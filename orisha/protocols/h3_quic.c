@@ -434,7 +434,7 @@ static void request_fields(h3q_conn *c, stream *st, const uint8_t *pay, size_t l
     }
     if (st->id > c->last_sid) c->last_sid = st->id;
     c->current = st;
-    c->s->calls.request(c->s->host, c, st->id, fields, nfields, flags);
+    c->s->calls.request(c->s->host, c, st->id, pay, len, fields, nfields, flags);
     c->current = NULL;
     goto done;
 fail:

@@ -29,11 +29,12 @@ typedef struct {
 } h3q_field;
 
 typedef struct {
-    /* A request stream's field section, decoded; `flags`: H3Q_ENDED (the stream ended
-     * with it), H3Q_EARLY (it came as 0-RTT: the handshake has not completed). The host
-     * answers now (h3q_respond, h3q_reset) or never. */
-    void (*request)(void *host, h3q_conn *c, int64_t sid, const h3q_field *fields, size_t n,
-                    unsigned flags);
+    /* A request stream's field section, as sent (`section`: with no dynamic table the same
+     * bytes always decode to the same fields, so the host may memoise by them) and decoded;
+     * `flags`: H3Q_ENDED (the stream ended with it), H3Q_EARLY (it came as 0-RTT: the
+     * handshake has not completed). The host answers now (h3q_respond, h3q_reset) or never. */
+    void (*request)(void *host, h3q_conn *c, int64_t sid, const uint8_t *section,
+                    size_t sectionlen, const h3q_field *fields, size_t n, unsigned flags);
     /* A response's body owner (h3q_respond) is no longer read. */
     void (*release)(void *host, void *owner);
     /* Fill `cid` with `len` bytes: a new connection ID for connection `c`. */
