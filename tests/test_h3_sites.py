@@ -27,8 +27,8 @@ from test_sites import (ACME_SITES, SITE_FILES, _site_args, _start, _tls_args, a
 from tlsutil import pki  # noqa: F401  (the fixture test_acme's Pebble is made with)
 
 
-# Each HTTP/3 engine: qh3 (the default) and ngtcp2 (ORISHA_H3=ngtcp2, issue 46).
-ENGINES = {"qh3": None, "ngtcp2": {**os.environ, "ORISHA_H3": "ngtcp2"}}
+# Each HTTP/3 engine: ngtcp2 (the default) and qh3 (ORISHA_H3=qh3, while it is shipped).
+ENGINES = {"ngtcp2": None, "qh3": {**os.environ, "ORISHA_H3": "qh3"}}
 
 
 @pytest.fixture(params=list(ENGINES))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 
-from qh3.h3.connection import FrameType, encode_frame
 from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
@@ -143,6 +142,16 @@ def date_field(http_date: bytes) -> bytes:
     return field(b"date", http_date)
 
 
+def headers_frame(section: bytes) -> bytes:
+    """An HTTP/3 HEADERS frame (type 0x1, RFC 9114 §7.2.2) holding ``section``: its type and
+    length as QUIC variable-length integers (RFC 9000 §16)."""
+    n = len(section)
+    length = (bytes((n,)) if n < 64 else (0x4000 | n).to_bytes(2, "big") if n < 16384
+              else (0x80000000 | n).to_bytes(4, "big") if n < 1 << 30
+              else (0xc000000000000000 | n).to_bytes(8, "big"))
+    return b"\x01" + length + section
+
+
 class Sections:
     """Head bytes → field section: the build's sections of a site, then a bounded memo;
     and 200 head → the HEADERS frame of its 103, for the heads whose Link preloads."""
@@ -169,7 +178,7 @@ class Sections:
                 self.built[v.head_304] = v.h3_304
             hints = early_section(v.head)
             if hints:  # framed here too: the request path only looks it up
-                self.early[v.head] = encode_frame(FrameType.HEADERS, hints)
+                self.early[v.head] = headers_frame(hints)
 
     def get(self, head: bytes) -> bytes:
         s = self.built.get(head)

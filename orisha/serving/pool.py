@@ -130,7 +130,7 @@ class Pool:
                  udp: list[socket.socket], loop_cls, limits: Limits, stats: SharedStats,
                  current: Generation, *, log=None, plain_app=None, alt_svc: bytes = b"",
                  steering: "Steering | None" = None,
-                 keep_out: Callable[[], None] = lambda: None,
+                 keep_out: Callable[[], None] = lambda: None, endpoint=None,
                  reaped: Callable[[int, int], None] = lambda pid, status: None) -> None:
         # ``plain``: the plain port beside the TLS port (``--http-port``), one more worker per
         # listener, whose app ``plain_app(site, limits, publish=, log=)`` makes (the redirect
@@ -140,6 +140,7 @@ class Pool:
         # HTTP/3: one UDP socket per TLS worker (worker i reads udp[i]; the plain port's
         # workers have none).
         self.udp = udp
+        self.endpoint = endpoint  # the HTTP/3 engine's endpoint class (loops/base.py's contract)
         self.loop_cls, self.limits, self.stats, self.current = loop_cls, limits, stats, current
         self.log, self.plain_app, self.alt_svc, self.steering = log, plain_app, alt_svc, steering
         self.keep_out, self.reaped_other = keep_out, reaped
@@ -218,8 +219,8 @@ class Pool:
             return ()
         from ..loops.base import Datagrams
         quic = self.current.quic
-        endpoint = getattr(quic, "endpoint", None)  # the engine's own (compiled_h3), else qh3's
-        if endpoint is None:
+        endpoint = self.endpoint or getattr(quic, "endpoint", None)
+        if endpoint is None:  # a supervisor made without the engine's maker: qh3's
             from ..protocols.h3 import Endpoint as endpoint
         steer = self.steering.steer(self.current.number, index) if self.steering else None
         return (Datagrams(self.udp[index], endpoint(app, quic), steer),)

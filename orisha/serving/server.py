@@ -512,21 +512,33 @@ def _plain_app(https_port: int, acme):
 
 def _quic(pairs, limits: Limits, retry: bool = False):
     """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
-    no certificate), and checks it once."""
-    if os.environ.get("ORISHA_H3") == "ngtcp2":  # the compiled engine, off by default (issue 46)
-        try:
-            from ..protocols import compiled_h3 as h3
-        except ImportError as e:
-            raise ServeError("ORISHA_H3=ngtcp2: HTTP/3 on ngtcp2 needs the compiled module "
-                             f"(ngtcp2 1.x and nghttp3 when orisha was installed): {e}") from None
-    else:
+    no certificate), and checks it once; None when this install cannot speak HTTP/3 (said in
+    one line: the server goes on without the UDP port and without Alt-Svc). HTTP/3 is the
+    compiled module over ngtcp2 (compiled_h3); ``ORISHA_H3=qh3`` asks for the qh3 endpoint
+    (h3.py) while it is still shipped (issue 46)."""
+    if os.environ.get("ORISHA_H3") == "qh3":
         try:
             from ..protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
         except ImportError as e:
-            raise ServeError(f"HTTP/3 needs qh3 (a dependency of orisha: pip install qh3==2.1.0), or --no-http3: {e}") \
+            raise ServeError(f"ORISHA_H3=qh3: the qh3 endpoint needs qh3 (pip install qh3==2.1.0), or --no-http3: {e}") \
                 from None
+    else:
+        from .. import compiled
+        why = "ORISHA_PURE asks for the pure-Python modules" if compiled.pure() else None
+        if why is None:
+            try:
+                from ..protocols import compiled_h3 as h3
+            except ImportError as e:  # a pure install, or ngtcp2's libraries gone since
+                why = str(e)
+        if why is not None:
+            print("orisha: HTTP/3 off: it needs the compiled module orisha.protocols.compiled_h3 "
+                  f"(built with ngtcp2 1.x, nghttp3 and GnuTLS when orisha was installed; {why}); "
+                  "serving HTTP/1.1, HTTPS and HTTP/2", file=sys.stderr)
+            return None
     tickets = h3.tickets()  # before the fork: every worker of every generation resumes them
-    make = lambda: h3.configurations(pairs(), limits.idle_timeout, tickets, retry)  # noqa: E731
+    def make():
+        return h3.configurations(pairs(), limits.idle_timeout, tickets, retry)
+    make.endpoint = h3.Endpoint  # the engine's, also while ACME has no certificate (None)
     make()
     return make
 

@@ -97,7 +97,7 @@ class Supervisor:
         first = Generation(0, site, protocols() if protocols else None, quic() if quic else None)
         self.pool = Pool(socks, plain, udp, loop_cls, limits, stats, first, log=log,
                          plain_app=plain_app, alt_svc=alt_svc, steering=self.steering,
-                         keep_out=self._keep_out,
+                         keep_out=self._keep_out, endpoint=getattr(quic, "endpoint", None),
                          reaped=acme.reaped if acme else (lambda pid, status: None))
         self.stopping = self.reload_pending = self.serving = False
         self.renew_pending = ""  # why a renewal waits for a draining generation to finish
