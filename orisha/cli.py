@@ -86,14 +86,25 @@ def _cache_controls(values: tuple[str, ...]) -> list[tuple[str, str]]:
 
 def loop_bodies() -> str:
     """Which body each compiled-capable loop would run, which core, which TLS layer and which
-    HTTP/2 layer, e.g. "epoll compiled, io-uring pure, core compiled, tls compiled, h2 compiled"."""
+    HTTP/2 layer, and whether HTTP/3 can be served (it needs its compiled module), e.g.
+    "epoll compiled, io-uring pure, core compiled, tls compiled, h2 compiled, h3 compiled"."""
+    from .compiled import pure
     from .core import connection
     from .loops import COMPILED, MODULES, module
     from .protocols import h2, tls  # tls: its layer is chosen once, at its import
     core = "pure" if connection.__file__.endswith(".py") else "compiled"
     frames = "pure" if h2.__file__.endswith(".py") else "compiled"
+    quic = "off"
+    if not pure():
+        try:
+            import importlib
+            importlib.import_module(".protocols.compiled_h3", __package__)  # ngtcp2's libraries
+            quic = "compiled"
+        except ImportError:
+            pass
     return ", ".join([f"{name} {'pure' if module(name) == MODULES[name] else 'compiled'}"
-                      for name in COMPILED] + [f"core {core}", f"tls {tls.LAYER}", f"h2 {frames}"])
+                      for name in COMPILED] + [f"core {core}", f"tls {tls.LAYER}", f"h2 {frames}",
+                                               f"h3 {quic}"])
 
 
 @click.group(cls=_Group)

@@ -56,9 +56,10 @@ def test_version_says_compiled_or_pure():
     assert "epoll compiled" in version and "core compiled" in version
     assert "tls compiled" in version  # orisha/protocols/compiled_tls.pyx
     assert "h2 compiled" in version  # orisha/protocols/h2.py with h2.pxd
+    assert "h3 compiled" in version  # orisha/protocols/compiled_h3.pyx over ngtcp2
     r = orisha("--version", env={**os.environ, "ORISHA_PURE": "1"})
     assert "epoll pure" in r.stdout and "io-uring pure" in r.stdout and "core pure" in r.stdout
-    assert "tls pure" in r.stdout and "h2 pure" in r.stdout
+    assert "tls pure" in r.stdout and "h2 pure" in r.stdout and "h3 off" in r.stdout
 
 
 def _core_file(env: dict | None = None, cwd: str = ROOT) -> tuple[str, str]:
@@ -156,7 +157,7 @@ def test_install_without_cython_is_pure_and_works(tmp_path):
 def test_loops_module_names_the_pure_module_under_orisha_pure(monkeypatch):
     monkeypatch.setenv("ORISHA_PURE", "1")
     assert all(loops.module(n) == loops.MODULES[n] for n in loops.COMPILED)
-    assert re.fullmatch(r"(\S+ (compiled|pure)(, )?)+", loop_bodies())
+    assert re.fullmatch(r"(\S+ (compiled|pure|off)(, )?)+", loop_bodies())  # h3: off or compiled
 
 
 # The compiled io_uring body on older kernels' paths: single-shot accept (before 5.19),

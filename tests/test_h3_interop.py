@@ -158,6 +158,24 @@ def test_handshake_and_a_multi_megabyte_transfer(server, site, tmp_path):
     same(tmp_path / "d", site[1], ["big.bin"])
 
 
+@pytest.fixture(scope="module", params=LOOPS)
+def ngtcp2_server(request, site, pki):
+    """The default engine's servers only: what qh3's endpoint does not do."""
+    return _server(request.param, site, pki)
+
+
+def test_datagrams_grow_past_1280_bytes_after_path_mtu_probing(ngtcp2_server, site, tmp_path):
+    """A connection starts at QUIC's 1,200 to 1,280 bytes a datagram; ngtcp2 probes the path
+    (DPLPMTUD, RFC 8899 and RFC 9000 §14.3) and, loopback's MTU being 64 KiB, the 3 MB
+    download then arrives in datagrams of ngtcp2's largest payload (1,452 bytes): most of them
+    past 1,280."""
+    log = gtls(ngtcp2_server.port, ["big.bin"], tmp_path / "d")
+    same(tmp_path / "d", site[1], ["big.bin"])
+    sizes = [int(n) for n in re.findall(r"Received packet: .* (\d+) bytes", log)]
+    assert max(sizes) > 1280, max(sizes)
+    assert sum(n > 1280 for n in sizes) > len(sizes) / 2, (sum(n > 1280 for n in sizes), len(sizes))
+
+
 def test_forty_streams_on_one_connection(server, site, tmp_path):
     gtls(server.port, SMALL, tmp_path / "d")
     same(tmp_path / "d", site[1], SMALL)
