@@ -141,3 +141,36 @@ def test_0rtt_requests_answer_from_the_tickets_site(two, engine):
         assert other[0] is False and other[2] == [(200, _page("b"))]
     finally:
         assert s.stop() == 0
+
+
+
+def test_a_ticket_offered_under_another_name_does_not_resume(two):
+    """A ticket from a.test offered under the server name www.b.test, as a client that does
+    not check the name would (aioquic checks it: the ticket's name is rewritten so that it
+    offers it): each certificate's tickets are sealed with a key of its own (h3_quic.c), so
+    the connection is not resumed and b's certificate is presented; the ticket offered to
+    a.test again is resumed. The default engine (ngtcp2)."""
+    import dataclasses
+    s = _start("epoll", *_site_args(two), *_tls_args(two))
+    tickets = []
+
+    async def run(sni: str, ticket):
+        config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name=sni,
+                                   session_ticket=ticket)
+        config.load_verify_locations(two["ca"])
+        async with connect("127.0.0.1", s.port, configuration=config, create_protocol=_Client,
+                           session_ticket_handler=tickets.append, wait_connected=True) as c:
+            status = (await c.request("/", authority=sni))[0]
+            return c._quic.tls.session_resumed, status
+
+    try:
+        assert asyncio.run(asyncio.wait_for(run("a.test", None), 30)) == (False, 200)
+        for _ in range(100):
+            if tickets:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        elsewhere = dataclasses.replace(tickets[0], server_name="www.b.test")
+        assert asyncio.run(asyncio.wait_for(run("www.b.test", elsewhere), 30)) == (False, 200)
+        assert asyncio.run(asyncio.wait_for(run("a.test", tickets[0]), 30)) == (True, 200)
+    finally:
+        assert s.stop() == 0

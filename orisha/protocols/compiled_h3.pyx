@@ -695,7 +695,11 @@ cdef class Endpoint:
         c.handshaking = False
         c.since = c.heard
         self.handshaking -= 1
-        if self.app.hosts is not None:  # several sites: the SNI's answers (or 421)
+        self._site(c)
+
+    cdef _site(self, _Conn c):
+        """Several sites: the connection answers from its SNI's (another's :authority: 421)."""
+        if self.app.hosts is not None:
             c.app = self.app.view(h3q_server_name(c.c).decode("ascii", "replace") or None)
 
     cdef _unroute(self, _Conn c):
@@ -732,8 +736,8 @@ cdef class Endpoint:
         cdef double now = c.heard
         if c.handshaking and not early:
             self._opened(c)
-        elif early and c.app is self.app and self.app.hosts is not None:
-            c.app = self.app.view(h3q_server_name(c.c).decode("ascii", "replace") or None)
+        elif early and c.app is self.app:  # 0-RTT: the ticket's site already
+            self._site(c)
         c.since = now
         app = c.app
         if head is None or (ended and declared_length(head) > 0):
@@ -783,5 +787,3 @@ cdef class Endpoint:
             h3q_respond(c.c, sid, <const uint8_t *>PyBytes_AS_STRING(frames), len(frames),
                         NULL, 0, NULL)
 
-
-Configuration.endpoint = Endpoint

@@ -219,11 +219,8 @@ class Pool:
             return ()
         from ..loops.base import Datagrams
         quic = self.current.quic
-        endpoint = self.endpoint or getattr(quic, "endpoint", None)
-        if endpoint is None:  # a supervisor made without the engine's maker: qh3's
-            from ..protocols.h3 import Endpoint as endpoint
         steer = self.steering.steer(self.current.number, index) if self.steering else None
-        return (Datagrams(self.udp[index], endpoint(app, quic), steer),)
+        return (Datagrams(self.udp[index], self.endpoint(app, quic), steer),)
 
     def tell_to_stop(self, pid: int) -> None:
         w = self.live[pid]
