@@ -39,9 +39,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import bench as B  # noqa: E402  (the site, the export, Proc with /proc CPU)
 
 DOCS = {"1 KB": "/doc-1k.html", "13 KB": "/doc-13k.html"}
-# orisha: HTTP/3 on ngtcp2 (compiled_h3, the default); orisha-qh3: the qh3 endpoint
-# (ORISHA_H3=qh3, while it is shipped: issue 46)
-SERVERS = ("orisha", "orisha-qh3", "caddy", "ngtcp2", "orisha-h2")
+# orisha: HTTP/3 on ngtcp2 (compiled_h3); ngtcp2: its own example server; orisha-h2: the
+# same site over HTTP/2, the floor of what a request can cost Orisha
+SERVERS = ("orisha", "caddy", "ngtcp2", "orisha-h2")
 TIMEOUT = 120  # seconds one load run may take at most
 H2_SCALE = 10  # h2 gets this many times the requests: ~5 µs each is a 10 ms clock tick per 2,000
 CADDYFILE = """{{
@@ -114,8 +114,7 @@ def start(server: str, tmp: str, build: str, root: str, pki, loop: str) -> Serve
                                pki.chain], port, ready)
     return Server(server, [sys.executable, "-m", "orisha.cli", "serve", build, "--port", str(port),
                            "--host", "127.0.0.1", "--workers", "1", "--loop", loop,
-                           "--tls-cert", pki.chain, "--tls-key", pki.key], port, ready,
-                  env={**os.environ, "ORISHA_H3": "qh3" if server == "orisha-qh3" else ""})
+                           "--tls-cert", pki.chain, "--tls-key", pki.key], port, ready)
 
 
 def _reap(procs: list) -> float:
@@ -196,17 +195,15 @@ def report(results: dict, servers, args) -> None:
         for s in servers:
             m = med[(s, d)]
             print(f"| {d} | {s} | {m['rps']:,.0f} | {m['cpu_us']:,.1f} | {m['client']:.2f} |")
-    print("\n| doc | Orisha h3 engine | / Caddy | / ngtcp2 | / Orisha h2 |")
-    print("|---|---|---:|---:|---:|")
+    print("\n| doc | Orisha h3 / Caddy | / ngtcp2 | / Orisha h2 |")
+    print("|---|---:|---:|---:|")
     for d in DOCS:
-        for engine in ("orisha", "orisha-qh3"):
-            if (engine, d) not in med:
-                continue
-            o = med[(engine, d)]["cpu_us"]
-            cells = [f"{o / med[(s, d)]['cpu_us']:.2f}x" if med.get((s, d), {}).get("cpu_us")
-                     else "-" for s in ("caddy", "ngtcp2", "orisha-h2")]
-            name = "qh3" if engine == "orisha-qh3" else "ngtcp2"
-            print(f"| {d} | {name} | " + " | ".join(cells) + " |")
+        if ("orisha", d) not in med:
+            continue
+        o = med[("orisha", d)]["cpu_us"]
+        cells = [f"{o / med[(s, d)]['cpu_us']:.2f}x" if med.get((s, d), {}).get("cpu_us")
+                 else "-" for s in ("caddy", "ngtcp2", "orisha-h2")]
+        print(f"| {d} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:

@@ -59,7 +59,7 @@ def test_nothing_left_out_as_unused_is_imported_by_the_server():
     server.py does lazily) has loaded none of the modules the build leaves out as unused."""
     probe = textwrap.dedent(f"""
         import sys
-        import orisha.serving.server, orisha.serving.supervisor, orisha.protocols.h3, orisha.serving.acme
+        import orisha.serving.server, orisha.serving.supervisor, orisha.protocols.compiled_h3, orisha.serving.acme
         import orisha.targets.container.runtime, orisha.loops.epoll
         import requests, acme.client
         unused = {build.UNUSED!r}

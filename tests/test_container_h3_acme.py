@@ -21,7 +21,7 @@ import time
 
 import pytest
 from conftest import DEMO, MODES, demo_file
-from container_target import Container, build
+from container_target import Container, build, init_pid, namespace_processes
 from test_acme import DOMAINS, EMAIL, _cert_serial, pebble  # noqa: F401  (a fixture)
 from test_h3 import h3_get, http11
 from tlsutil import client_context, pki  # noqa: F401  (pki: a fixture)
@@ -67,8 +67,18 @@ def test_h3_from_the_container_is_byte_identical_to_http11(demo, pki, tmp_path):
         # the TCP answers offer h3 on the port the container binds (published as the same
         # number on the host, as the README's -p pair does)
         assert h11["alt-svc"] == 'h3=":8080"; ma=86400'
+        # and the hosted server's engine answered: ngtcp2, mapped in the image's workers
+        assert any("libngtcp2" in _maps(p) for p, *_ in namespace_processes(init_pid(c.container)))
     finally:
         c.stop()
+
+
+def _maps(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except OSError:  # ended meanwhile
+        return ""
 
 
 def test_no_http3_in_the_container_turns_it_off(demo, pki, tmp_path):

@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
@@ -34,8 +33,6 @@ from tlsutil import client_context, pki, serve, tls_connect  # noqa: F401  (pki:
 # HTTP/3 is the compiled module over ngtcp2 (compiled_h3) on every loop body; a pure-Python
 # server has none (test_a_pure_server_serves_no_http3_and_says_so).
 HOSTED = ["epoll", "io-uring", "kqueue", "asyncio"]
-# The qh3 endpoint (ORISHA_H3=qh3), while it is still shipped (issue 46).
-QH3 = ["epoll-qh3", "io-uring-qh3"]
 _servers: dict = {}
 
 
@@ -130,43 +127,27 @@ def h3_get(port: int, ca: str, requests: list, interim: list | None = None,
     return asyncio.run(asyncio.wait_for(run(), 60))
 
 
-@pytest.fixture(scope="module", params=HOSTED + QH3)
+@pytest.fixture(scope="module", params=HOSTED)
 def hosted(request):
     return request.param
 
 
-def engine_is(s, engine: str) -> None:
-    """The engine asked for is the one answering: compiled_h3 mapped in a worker (ngtcp2), or
-    qh3's Rust core (qh3); bounded wait for the workers to import it."""
-    def mapped() -> bool:
-        from conftest import orisha_modules
-        if engine == "ngtcp2":
-            return any("compiled_h3" in m for m in orisha_modules(s.proc.pid))
-        pids = [str(s.proc.pid), *subprocess.run(["pgrep", "-P", str(s.proc.pid)],
-                                                 capture_output=True, text=True).stdout.split()]
-        for p in pids:
-            try:
-                with open(f"/proc/{p}/maps") as f:
-                    if "/qh3/" in f.read():
-                        return True
-            except OSError:
-                pass
-        return False
+def compiled_h3_answers(s) -> None:
+    """HTTP/3 is the compiled module over ngtcp2, mapped in a worker of ``s``; bounded wait
+    for the workers to import it."""
+    from conftest import orisha_modules
     deadline = time.monotonic() + 10
-    while not mapped():
-        assert time.monotonic() < deadline, engine
+    while not any("compiled_h3" in m for m in orisha_modules(s.proc.pid)):
+        assert time.monotonic() < deadline, "no worker mapped orisha.protocols.compiled_h3"
         time.sleep(0.05)
 
 
 def h3_server(builds, loop: str, pki, *extra: str):
     key = (loop, extra)
     if key not in _servers:
-        qh3 = loop.endswith("-qh3")
-        env = {**os.environ, "ORISHA_H3": "qh3"} if qh3 else None
-        loop = loop.removesuffix("-qh3")
         _servers[key] = serve(builds["notfound"], "--loop", loop, "--workers", "2", *TEST_LIMITS,
-                              "--tls-cert", pki.chain, "--tls-key", pki.key, *extra, env=env)
-        engine_is(_servers[key], "qh3" if qh3 else "ngtcp2")
+                              "--tls-cert", pki.chain, "--tls-key", pki.key, *extra)
+        compiled_h3_answers(_servers[key])
     return _servers[key]
 
 
@@ -178,14 +159,11 @@ def _stop_h3_servers():
     _servers.clear()
 
 
-@pytest.fixture(params=["qh3", "ngtcp2"])
-def engine(request):
+@pytest.fixture
+def engine():
     """The HTTP/3 endpoint's module, for the cases that drive one in memory."""
-    if request.param == "ngtcp2":
-        from orisha.protocols import compiled_h3
-        return compiled_h3
-    from orisha.protocols import h3
-    return h3
+    from orisha.protocols import compiled_h3
+    return compiled_h3
 
 
 # test_h2.py's comparison over h3 (every answer equal to HTTP/1.1's), and one more range
@@ -233,7 +211,7 @@ def test_many_streams_on_one_connection(builds, hosted, pki):
     assert got[8][2] == demo_file("docs/index.html")
 
 
-@pytest.mark.parametrize("loop", ["epoll", "epoll-qh3"])
+@pytest.mark.parametrize("loop", ["epoll"])
 def test_the_field_section_on_the_wire_is_the_builds(builds, pki, loop):
     """What a client decodes is the build's Variant.h3 (or h3_304) + one Date literal."""
     from orisha.protocols.qpack_blocks import date_field
@@ -267,7 +245,7 @@ def _hint_cases(site) -> tuple[list, list]:
     return [r for r, _ in cases], [early_section(h) if h else b"" for _, h in cases]
 
 
-@pytest.mark.parametrize("loop", ["epoll", "epoll-qh3"])
+@pytest.mark.parametrize("loop", ["epoll"])
 def test_a_page_with_early_hints_gets_a_103_before_its_200(builds, pki, loop):
     """RFC 8297 over HTTP/3: the demo's index (its stylesheet is a hint) is answered with a
     103 whose Link is the preload values of its 200, as the first field section of the
@@ -432,61 +410,6 @@ def test_a_section_changed_in_the_loaded_site_is_what_goes_out(builds, pki, engi
     assert sections[-1].startswith(v.h3)
 
 
-def test_an_established_connection_heard_from_for_the_idle_timeout_is_forgotten(builds, pki):
-    """RFC 9000 §10.1 once the handshake is done: the server's idle timeout (5 s here; the
-    client's is 60 s, so 5 s is the connection's) counts from the last datagram heard, and
-    then the connection is forgotten silently. The core is made with a longer one for the
-    handshake (``quic_qh3.HANDSHAKE_HOLD``), so this is the endpoint's to keep."""
-    from orisha.core.connection import App
-    from orisha.protocols import h3
-    from orisha.serving.server import load_site
-    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 5))
-    headers, _, _ = _in_memory(ep, pki)
-    assert headers[b":status"] == b"200"
-    (c,) = ep.live
-    assert c.quic.confirming is False  # the client's handshake is confirmed
-    ep.tick(c.heard + 4.9)
-    assert ep.live == {c}
-    ep.tick(c.heard + 5.1)
-    assert not ep.live and not ep.conns
-
-
-def test_a_connection_whose_client_has_not_confirmed_is_held_as_a_handshake(builds, pki):
-    """The same, but every datagram the endpoint sends once its handshake is complete is
-    lost (its HANDSHAKE_DONE among them): the client has not confirmed its handshake and
-    probes as a handshaking client does, backing off to 31 and 63 s, so the endpoint holds
-    the connection for ``quic_qh3.HANDSHAKE_HOLD`` of silence, not its idle timeout."""
-    from aioquic.quic.connection import QuicConnection
-    from orisha.core.connection import App
-    from orisha.protocols import h3
-    from orisha.protocols.quic_qh3 import HANDSHAKE_HOLD
-    from orisha.serving.server import load_site
-    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 5))
-    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
-    config.load_verify_locations(pki.ca)
-    client = QuicConnection(configuration=config)
-    now, server_addr, client_addr = time.time(), ("127.0.0.1", 4433), ("127.0.0.1", 5555)
-    client.connect(server_addr, now)
-    for _ in range(50):
-        ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(now)], now)
-        if ep.live and all(c.quic._handshake_complete for c in ep.live):
-            break  # what the endpoint sends from here is lost
-        for payload, _, seg in ep.outgoing:
-            for i in range(0, len(payload), seg or len(payload)):
-                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
-        ep.sent(len(ep.outgoing), now)
-    (c,) = ep.live
-    assert c.quic.confirming is True and not client._handshake_confirmed
-    ep.tick(c.heard + 5.1)
-    assert ep.live == {c}
-    for t in (c.heard + ep.app.limits.idle_timeout + 1, c.heard + HANDSHAKE_HOLD - 0.1):
-        ep.tick(t)  # not closed as a connection with no request either (proof28: a client
-        assert ep.live == {c} and not c.goaway and not c.quic.closing  # probing at 35 and
-        # 67 s met a connection closed 30 s after the handshake, its request never retried)
-    ep.tick(c.heard + HANDSHAKE_HOLD + 0.1)
-    assert not ep.live and not ep.conns
-
-
 def _in_memory(ep, pki, path: bytes = b"/"):
     """aioquic's client connection against ``ep`` with datagrams moved in memory: one GET;
     (the response's fields, its raw sections, every datagram the endpoint sent)."""
@@ -517,9 +440,8 @@ def _in_memory(ep, pki, path: bytes = b"/"):
                     done.append(dict(e.headers))
             event = client.next_event()
         if done:
-            # the client's ACKs of the endpoint's last packets (the PING with its
-            # HANDSHAKE_DONE among them: quic_qh3.ServerConnection.confirming), due after
-            # its maximum ACK delay (25 ms: RFC 9000 §13.2.1)
+            # the client's ACKs of the endpoint's last packets (its HANDSHAKE_DONE among
+            # them), due after its maximum ACK delay (25 ms: RFC 9000 §13.2.1)
             at = now + 0.026
             ep.receive([(d, client_addr) for d, _ in client.datagrams_to_send(at)], at)
             ep.sent(len(ep.outgoing), at)  # what it answers is not this test's
@@ -608,11 +530,7 @@ def _lossy(builds, pki, engine, seed: int, shutdown: bool = False) -> tuple[dict
 @pytest.mark.parametrize("seed", range(10))
 def test_a_lossy_path_delivers_every_stream(builds, pki, engine, seed):
     """100 streams with a 1.2 MB one over a lossy path (``_lossy``): every response
-    arrives whole. qh3's core keeps stream reservations across a congestion-limited
-    poll; an ACK then finishing a stream whose retransmission was reserved made its
-    next packet fail ("reserved stream is missing") and the connection stall — 7 of
-    these 10 seeds, before ``ServerConnection._drain_core`` waited for the window to
-    open."""
+    arrives whole."""
     from conftest import demo_file
     got, ended = _lossy(builds, pki, engine, seed)
     assert ended == []
@@ -732,7 +650,7 @@ _datagram = st.one_of(
 )
 
 
-@pytest.mark.parametrize("loop", ["epoll", "epoll-qh3"])
+@pytest.mark.parametrize("loop", ["epoll"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(_datagram, min_size=1, max_size=8))
 def test_random_datagrams_never_kill_a_worker(builds, pki, loop, batch):
@@ -760,7 +678,7 @@ def _free_port() -> int:
         return t.getsockname()[1]
 
 
-@pytest.mark.parametrize("loop", ["epoll", "epoll-qh3"])
+@pytest.mark.parametrize("loop", ["epoll"])
 def test_after_random_datagrams_the_workers_still_answer_h3(builds, pki, loop):
     """Runs after the property test: no worker was restarted, and h3 still answers."""
     import urllib.request
@@ -774,7 +692,7 @@ def test_after_random_datagrams_the_workers_still_answer_h3(builds, pki, loop):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["epoll", "epoll-qh3"])
+@pytest.mark.parametrize("loop", ["epoll"])
 def test_chromium_loads_the_demo_site_with_every_response_on_h3(builds, pki, tmp_path, loop):
     """Headless Chromium, told the origin speaks QUIC, loads pages with their stylesheets and
     images: nothing failed, and DevTools reports every response of the origin on h3."""
@@ -798,13 +716,11 @@ def test_chromium_loads_the_demo_site_with_every_response_on_h3(builds, pki, tmp
     assert set(seen.values()) == {"h3"}, seen
 
 
-@pytest.mark.parametrize("engine", ["qh3", ""])
-def test_graceful_stop_closes_h3_connections_with_no_error(builds, pki, engine):
+def test_graceful_stop_closes_h3_connections_with_no_error(builds, pki):
     """SIGTERM: an open HTTP/3 connection gets GOAWAY, then CONNECTION_CLOSE with
     H3_NO_ERROR (0x100) once its responses are delivered; the server exits 0."""
     s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
-              "--tls-cert", pki.chain, "--tls-key", pki.key, "--grace", "5",
-              env={**os.environ, "ORISHA_H3": engine})
+              "--tls-cert", pki.chain, "--tls-key", pki.key, "--grace", "5")
 
     async def run():
         config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
@@ -822,15 +738,23 @@ def test_graceful_stop_closes_h3_connections_with_no_error(builds, pki, engine):
         s.stop()
 
 
-def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
-    """The endpoint's runs of equal datagrams to one address become one (payload, segment)
-    group, and the Pump sends it with UDP_SEGMENT: the kernel delivers the datagrams apart."""
-    from orisha.core.connection import App
+class _Queued:
+    """An endpoint that only holds what it queued (the Pump's side of the seam)."""
+    busy, timer = False, None
+
+    def __init__(self, out: list) -> None:
+        self.outgoing = out
+
+    def sent(self, n: int, now: float) -> None:
+        del self.outgoing[:n]
+
+
+def test_gathered_datagrams_go_out_as_one_gso_send():
+    """An endpoint's GSO groups — (payload, address, segment size): runs of one size, each
+    ended by at most one shorter datagram (base.py) — go out as one send each with
+    UDP_SEGMENT, and the kernel delivers the datagrams apart, in order."""
     from orisha.loops.base import Datagrams
     from orisha.loops.udp import Pump
-    from orisha.protocols import h3
-    from orisha.serving.server import load_site
-    ep = h3.Endpoint(App(load_site(builds["notfound"])), h3.configuration(pki.chain, pki.key, 15))
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -839,9 +763,9 @@ def test_gathered_datagrams_go_out_as_one_gso_send(builds, pki):
         tx.setblocking(False)
         to = rx.getsockname()
         sizes = [1200] * 5 + [700, 1200, 1200, 300, 500]  # a shorter one ends each group
-        h3._gather(ep.out, [(bytes([i]) * n, to) for i, n in enumerate(sizes)])
-        assert [(len(p), seg) for p, _, seg in ep.outgoing] == [(6700, 1200), (2700, 1200),
-                                                                 (500, 0)]
+        data = [bytes([i]) * n for i, n in enumerate(sizes)]
+        ep = _Queued([(b"".join(data[:6]), to, 1200), (b"".join(data[6:9]), to, 1200),
+                      (data[9], to, 0)])
         pump = Pump(Datagrams(tx, ep))
         assert pump.gso  # Linux ≥ 4.18
         assert pump.flush(time.time()) and not ep.outgoing
@@ -896,7 +820,7 @@ def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
         s.stop()
 
 
-@pytest.mark.parametrize("loop", ["epoll", "epoll-qh3"])
+@pytest.mark.parametrize("loop", ["epoll"])
 def test_an_oversized_field_section_gets_431_and_the_connection_goes_on(builds, pki, loop):
     """A request whose head is over --head-limit gets 431 (as HTTP/1.1 and HTTP/2 do); the
     same connection then answers the next request."""

@@ -24,7 +24,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, StreamReset
 
 from conftest import TEST_LIMITS, orisha
-from orisha.protocols.quic_steer import Owners, Steer
+from orisha.protocols.quic_steer import Steer
 from test_h3 import _children, _Client, h3_get, replaced
 from tlsutil import pki, serve  # noqa: F401  (pki: a fixture)
 
@@ -187,29 +187,6 @@ def test_connection_ids_name_their_worker_and_nothing_else(tmp_path):
     other = Steer(str(tmp_path), os.urandom(16), 3, 1)
     assert sum(other.owner(i) == a.tag for i in ids) < 8
     assert not a.lives(b.tag) and a.path(b.tag) == str(tmp_path / "0401")
-
-
-def test_ids_without_a_tag_are_found_in_the_table_every_worker_shares(tmp_path):
-    """IDs that qh3's core drew (or a client chose) carry no tag: the worker that issued
-    them writes them to ``Owners``, and another process (forked after the table was made)
-    reads their owner back; an ID never written reads as noise, a torn slot as a miss."""
-    key = os.urandom(16)
-    owners = Owners(key, slots=1024)
-    a, b = Steer(str(tmp_path), key, 3, 1, owners), Steer(str(tmp_path), key, 4, 2, owners)
-    ids = [os.urandom(8) for _ in range(50)]
-    pid = os.fork()
-    if pid == 0:  # another worker's process writes them
-        for i in ids:
-            a.remember(i)
-        os._exit(0)
-    assert os.waitpid(pid, 0)[1] == 0
-    slots = [owners._at(i) for i in ids]
-    alone = [i for i, at in zip(ids, slots) if slots.count(at) == 1]  # a shared slot: the later
-    assert len(alone) >= 40 and all(b.owner(i) == a.tag for i in alone)  # ID won it
-    assert sum(b.owner(os.urandom(8)) == a.tag for _ in range(200)) < 8
-    at = owners._at(ids[0])
-    owners.map[at + 21] ^= 0xFF  # a tag torn by a concurrent write
-    assert owners.get(ids[0]) is None
 
 
 def _cpu(pid: int) -> int:

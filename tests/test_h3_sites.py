@@ -10,10 +10,7 @@ loopback UDP; the sites and their certificates are tests/test_sites.py's fixture
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
-
-import pytest
 
 from aioquic.asyncio.client import connect
 from aioquic.h3.connection import H3_ALPN
@@ -25,16 +22,6 @@ from test_h3 import _Client
 from test_sites import (ACME_SITES, SITE_FILES, _site_args, _start, _tls_args, acme_sites,
                         sites_issued, two)  # noqa: F401  (two: a fixture)
 from tlsutil import pki  # noqa: F401  (the fixture test_acme's Pebble is made with)
-
-
-# Each HTTP/3 engine: ngtcp2 (the default) and qh3 (ORISHA_H3=qh3, while it is shipped).
-ENGINES = {"ngtcp2": None, "qh3": {**os.environ, "ORISHA_H3": "qh3"}}
-
-
-@pytest.fixture(params=list(ENGINES))
-def engine(request):
-    """The environment of a server on that engine."""
-    return ENGINES[request.param]
 
 
 def h3_site(port: int, ca: str, sni: str | None, requests: list, verify: bool = True):
@@ -62,9 +49,9 @@ def _page(site: str) -> bytes:
     return SITE_FILES[site]["index.html"].encode()
 
 
-def test_h3_sni_chooses_certificate_and_site_and_misdirects(two, tmp_path, engine):
+def test_h3_sni_chooses_certificate_and_site_and_misdirects(two, tmp_path):
     log = tmp_path / "access.log"
-    s = _start("epoll", *_site_args(two), *_tls_args(two), "--access-log", str(log), env=engine)
+    s = _start("epoll", *_site_args(two), *_tls_args(two), "--access-log", str(log))
     try:
         sans, got = h3_site(s.port, two["ca"], "a.test", [("/", "a.test"), ("/", "b.test")])
         assert sans == {"a.test"}
@@ -94,9 +81,9 @@ def test_h3_sni_chooses_certificate_and_site_and_misdirects(two, tmp_path, engin
                      "b.test GET /bold HTTP/3.0 302"], lines
 
 
-def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path, engine):
+def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path):
     ca = pebble()
-    s = acme_sites(two, ca, tmp_path / "state", "epoll", True, env=engine)
+    s = acme_sites(two, ca, tmp_path / "state", "epoll", True)
     try:
         s.wait_for("HTTP/3 on udp 127.0.0.1:%d (answered once ACME has a certificate)" % s.port)
         root = sites_issued(s, ca, str(tmp_path / "root.pem"))
@@ -111,11 +98,11 @@ def test_h3_serves_each_site_its_acme_certificate(two, pebble, tmp_path, engine)
         assert s.stop() == 0
 
 
-def test_0rtt_requests_answer_from_the_tickets_site(two, engine):
+def test_0rtt_requests_answer_from_the_tickets_site(two):
     """A resumed connection's 0-RTT requests arrive before its handshake completes: they
     are answered from the SNI's site too, another site's :authority gets 421, and a ticket
     issued under one name does not resume a connection to another."""
-    s = _start("epoll", *_site_args(two), *_tls_args(two), env=engine)
+    s = _start("epoll", *_site_args(two), *_tls_args(two))
     tickets = []
 
     async def run(sni: str, ticket, requests):

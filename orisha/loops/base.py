@@ -47,7 +47,7 @@ it and calls ``conn.sent(0, now)`` (progress, for the send timeout), then
 ``conn.sent(region.length, now)`` once all of it is written. A loop that cannot
 send from a file writes ``region.view`` (a memoryview of the same bytes).
 
-The datagram side (HTTP/3 over QUIC, orisha/protocols/h3.py). A body may be given
+The datagram side (HTTP/3 over QUIC, orisha/protocols/compiled_h3.pyx). A body may be given
 ``datagrams``: a ``Datagrams`` pair of a bound, non-blocking UDP socket and an
 *endpoint* that holds every QUIC connection of the worker. There is no per-connection
 object at this level: the endpoint demultiplexes by connection ID itself. Contract:

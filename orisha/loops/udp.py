@@ -5,7 +5,7 @@ once the socket is readable or writable, so it is written once here and every
 body (epoll, kqueue, io_uring, asyncio and the compiled ones) drives a ``Pump``:
 it watches ``pump.fd``, calls ``readable(now)`` when it is readable, ``flush(now)``
 when it is writable (and watches for writing while that returns False), and waits
-no longer than ``wait(now)``. The endpoint (orisha/protocols/h3.py) decides
+no longer than ``wait(now)``. The endpoint (orisha/protocols/compiled_h3.pyx) decides
 everything else.
 
 Batching where Python allows: Python has no recvmmsg/sendmmsg, so a turn here reads up

@@ -2,20 +2,33 @@
 """HTTP/3 on ngtcp2: the endpoint of the datagram seam (``loops/base.py``) over h3_quic.c.
 
 Strategy: ``h3_quic.c`` is QUIC (ngtcp2, GnuTLS) and HTTP/3's framing in plain C; this
-wrapper is its host in a worker, with the same contract as ``h3.Endpoint`` (qh3): a
-batch of datagrams in, ``outgoing`` out, one timer, ``tick``, ``shutdown``. It routes a
-datagram to its connection by the destination connection ID (a dict of the IDs each
-connection was given: the C side draws none itself, ``_on_cid`` does, through the
-worker's ``Steer`` when there is one, so every ID names its worker), answers a request
-the way ``h3._Conn`` does — ``App.plans``/``App.plan`` give the Plan, the build's QPACK
-section and a Date literal make the HEADERS frame, the body goes by reference, never
-copied — and holds the time limits HTTP/1.1 and HTTP/2 have. Python runs per request
-and per connection's start and end; packets, acknowledgements, loss and pacing never
-leave C. Retry (``--quic-retry``, and past ``RETRY_ABOVE`` handshakes in progress) and
-its stateless tokens are ngtcp2's, keyed per worker (the Retry's ID names the worker, so
-the token comes back to it); session tickets and 0-RTT are GnuTLS's, sealed with a key
-every worker shares (``tickets``), with 425 for an early request of an unsafe method.
-Behind ``ORISHA_H3=ngtcp2`` until it replaces the qh3 endpoint (issue 46).
+wrapper is its host in a worker, the datagram side of the loop seam: a batch of datagrams
+in, ``outgoing`` out, one timer, ``tick``, ``shutdown``. It routes a datagram to its
+connection by the destination connection ID (a dict of the IDs each connection was given:
+the C side draws none itself, ``_on_cid`` does, through the worker's ``Steer`` when there
+is one, so every ID names its worker). A request is answered as h2.py answers one: its
+fields become the synthetic HTTP/1.1 head (``fields.synthetic_head``), ``App.plans`` /
+``App.plan`` give the Plan (the core's one answer), the build's QPACK section and a Date
+literal make the HEADERS frame — never encoded anew: no dynamic table, so the same bytes on
+every connection — and the body goes by reference, never copied; a 200 whose Link preloads
+is preceded by a 103 Early Hints (RFC 8297; ``Sections.early``). It holds the time limits
+HTTP/1.1 and HTTP/2 have. Python runs per request and per connection's start and end;
+packets, acknowledgements, loss and pacing never leave C. Over ``--max-connections`` a
+new Initial is dropped (the client keeps the TCP connection Alt-Svc came from). Retry
+(``--quic-retry``, and past ``RETRY_ABOVE`` handshakes in progress) and its stateless
+tokens are ngtcp2's, keyed per worker (the Retry's ID names the worker, so the token
+comes back to it); session tickets and 0-RTT are GnuTLS's, sealed with a key every worker
+shares (``tickets``), with 425 for an early request of an unsafe method. The certificate
+is chosen by the ClientHello's server name with ``tls.by_server_name``, the rule TLS over
+TCP uses, and the connection answers from ``App.view(sni)`` (421 for another site's
+:authority). Graceful stop: GOAWAY on the control stream (RFC 9114 §5.2), then
+CONNECTION_CLOSE with H3_NO_ERROR once every response is acknowledged.
+
+Reloads (``quic_steer.py``): a datagram of an unknown connection whose ID names another
+worker goes to ``forward`` instead of being dropped, so the draining generation, which
+shares each UDP socket with the new one, keeps every datagram of its connections; a
+stopping worker hands new clients' Initials to its successor. A datagram of a connection
+no worker knows is dropped and counted (``strays``), never answered.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -223,15 +236,15 @@ class Configuration:
 
 
 def configuration(cert: str, key: str, idle_timeout: float) -> Configuration:
-    """One certificate's configuration (as ``h3.configuration``), checked now."""
+    """One certificate's configuration, checked now."""
     config = Configuration([((), cert, key)], idle_timeout)
     _Server(config, None).close()
     return config
 
 
 def configurations(pairs, idle_timeout: float, tickets=None, retry: bool = False):
-    """As ``h3.configurations``: None for no certificate (ACME before its first one); the
-    files are loaded once here so a bad one is a clear error at start-up."""
+    """Every certificate's configuration: None for no certificate (ACME before its first
+    one); the files are loaded once here so a bad one is a clear error at start-up."""
     pairs = list(pairs)
     if not pairs:
         return None
@@ -730,9 +743,8 @@ cdef class Endpoint:
             h3q_close(c.c, H3_INTERNAL_ERROR)
 
     cdef _request(self, _Conn c, int64_t sid, bytes head, bytes line, bint ended, bint early):
-        """A request's synthetic head (None: malformed) and line: its answer, as
-        ``h3._Conn.request`` gives it. ``early``: it came as 0-RTT, before the handshake
-        completed."""
+        """A request's synthetic head (None: malformed) and line: its answer. ``early``: it
+        came as 0-RTT, before the handshake completed."""
         cdef double now = c.heard
         if c.handshaking and not early:
             self._opened(c)

@@ -101,12 +101,21 @@ def synthetic_head(fields) -> tuple[bytes | None, bytes]:
     return b"\r\n".join(lines), b"%s %s HTTP/2.0" % (method, path)
 
 
-# HTTP/3 request streams' bounds, for either QUIC engine (h3.py on qh3, compiled_h3 on
-# ngtcp2); h3.py says why each is what it is.
-H3_MAX_STREAMS = 100      # request streams a client may have open at once (MAX_STREAMS)
-H3_WINDOW = 16 * 1024     # a stream's receive window past what was read
-H3_HANDSHAKE_HOLD = 64.0  # s a handshake is held without word from the client (quic_qh3.py
-                          # says why: it outlives every client probe but the one at 63 s)
+# HTTP/3's bounds (compiled_h3). Request streams a client may have open at once
+# (MAX_STREAMS, RFC 9000 §4.6): a page's requests in one flight; credit returns as streams end.
+H3_MAX_STREAMS = 100
+# A stream's receive window past what was read: requests are a field section (the head
+# limit, 8 KiB by default, bounds a useful one) and, for the methods that carry one, a body
+# that is answered without being read. 16 KiB is room for either, and with at most
+# H3_MAX_STREAMS request streams open it bounds what a connection makes a worker hold.
+H3_WINDOW = 16 * 1024
+# Seconds a handshake may take at most (ngtcp2's handshake timeout; until then the idle
+# timeout, counted from the last datagram heard, also ends it). A client's probes back off
+# from a 1 s timeout (RFC 9002 §6.2.1): at 1, 3, 7, 15, 31 and 63 s, and while its address is
+# not validated the server is held to 3x what the client sent (RFC 9000 §8.1), which its
+# first flight may use up: then only those probes bring the handshake on. 64 s outlasts
+# every probe but the one at 63 s.
+H3_HANDSHAKE_HOLD = 64.0
 H3_RETRY_LIFETIME = 30.0  # s a Retry's token is taken back (RFC 9000 §8.1.4: clients return it
                           # at once; a captured one is worth a 3x amplification from its address)
 RETRY_ABOVE = 64          # handshakes in progress beyond which new clients get a Retry

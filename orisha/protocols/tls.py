@@ -159,7 +159,7 @@ def by_server_name(pairs):
     """server name → the item of the first of ``pairs`` (DNS names, item) whose names match
     it — an exact name before a wildcard (one label, RFC 6125 §6.4.3), case and a trailing
     dot aside — or None. The one rule for every certificate choice (here, and over QUIC:
-    orisha/protocols/h3.py)."""
+    orisha/protocols/compiled_h3.pyx)."""
     exact: dict[str, object] = {}
     wild: dict[str, object] = {}
     for cert_names, item in pairs:

@@ -45,13 +45,10 @@ _PRCTL = _libc_prctl()  # looked up once, before any fork
 class Steering:
     """What every HTTP/3 worker of every generation shares to steer datagrams by connection
     ID (orisha/protocols/quic_steer.py): a private folder for the workers' hand-over
-    sockets (0700: no other user can hand datagrams in), the key that masks the tags, and
-    the shared table of IDs the tags cannot name (``Owners``)."""
+    sockets (0700: no other user can hand datagrams in) and the key that masks the tags."""
 
     def __init__(self, folder: str) -> None:
-        from ..protocols.quic_steer import Owners
         self.folder, self.key = folder, os.urandom(16)
-        self.owners = Owners(self.key)  # before the first fork: every worker's pages
 
     @classmethod
     def make(cls) -> "Steering | None":
@@ -65,7 +62,7 @@ class Steering:
 
     def steer(self, gen: int, index: int):
         from ..protocols.quic_steer import Steer
-        return Steer(self.folder, self.key, gen, index, self.owners)
+        return Steer(self.folder, self.key, gen, index)
 
     def remove(self) -> None:
         import shutil

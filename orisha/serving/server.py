@@ -235,7 +235,7 @@ def run(build_dir, host: str | tuple = "127.0.0.1", port: int = 8080, workers: i
     with ``sites``, ``acme_email`` alone gets each site a certificate for its names.
     ``http_port`` (TLS only): the plain port, which redirects to https and answers ACME
     HTTP-01; ``hsts``: Strict-Transport-Security max-age on TLS answers. ``http3`` (TLS):
-    HTTP/3 on the port's number over UDP (h3.py; Alt-Svc); ``quic_retry``: Retry them all.
+    HTTP/3 on the port's number over UDP (compiled_h3; Alt-Svc); ``quic_retry``: Retry them all.
     """
     acme = _acme(domains, tls_cert, acme_email, acme_directory, acme_ca, state, tls_min,
                  http_port is not None, sites)
@@ -514,27 +514,19 @@ def _quic(pairs, limits: Limits, retry: bool = False):
     """What makes each worker generation's QUIC configuration (HTTP/3; None while ACME has
     no certificate), and checks it once; None when this install cannot speak HTTP/3 (said in
     one line: the server goes on without the UDP port and without Alt-Svc). HTTP/3 is the
-    compiled module over ngtcp2 (compiled_h3); ``ORISHA_H3=qh3`` asks for the qh3 endpoint
-    (h3.py) while it is still shipped (issue 46)."""
-    if os.environ.get("ORISHA_H3") == "qh3":
+    compiled module over ngtcp2 (compiled_h3)."""
+    from .. import compiled
+    why = "ORISHA_PURE asks for the pure-Python modules" if compiled.pure() else None
+    if why is None:
         try:
-            from ..protocols import h3  # qh3 is imported only by a server that speaks HTTP/3
-        except ImportError as e:
-            raise ServeError(f"ORISHA_H3=qh3: the qh3 endpoint needs qh3 (pip install qh3==2.1.0), or --no-http3: {e}") \
-                from None
-    else:
-        from .. import compiled
-        why = "ORISHA_PURE asks for the pure-Python modules" if compiled.pure() else None
-        if why is None:
-            try:
-                from ..protocols import compiled_h3 as h3
-            except ImportError as e:  # a pure install, or ngtcp2's libraries gone since
-                why = str(e)
-        if why is not None:
-            print("orisha: HTTP/3 off: it needs the compiled module orisha.protocols.compiled_h3 "
-                  f"(built with ngtcp2 1.x, nghttp3 and GnuTLS when orisha was installed; {why}); "
-                  "serving HTTP/1.1, HTTPS and HTTP/2", file=sys.stderr)
-            return None
+            from ..protocols import compiled_h3 as h3
+        except ImportError as e:  # a pure install, or ngtcp2's libraries gone since
+            why = str(e)
+    if why is not None:
+        print("orisha: HTTP/3 off: it needs the compiled module orisha.protocols.compiled_h3 "
+              f"(built with ngtcp2 1.x, nghttp3 and GnuTLS when orisha was installed; {why}); "
+              "serving HTTP/1.1, HTTPS and HTTP/2", file=sys.stderr)
+        return None
     tickets = h3.tickets()  # before the fork: every worker of every generation resumes them
     def make():
         return h3.configurations(pairs(), limits.idle_timeout, tickets, retry)

@@ -79,13 +79,14 @@ EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.ta
             "_codecs_cn", "_codecs_hk", "_codecs_iso2022", "_codecs_jp", "_codecs_kr", "_codecs_tw",
             "_decimal", "_pydecimal", "decimal", "xml", "pyexpat", "sqlite3", "_sqlite3",
             "lzma", "_lzma", "bz2", "_bz2", "readline", "curses", "_curses", "multiprocessing",
-            "json.tool"]  # not concurrent: asyncio (which qh3 imports) needs concurrent.futures
-# HTTP/3 (qh3) and ACME (acme, josepy, requests, certifi, cryptography) are
-# frozen in: one image serves every option of `orisha serve`, as Caddy's does. server.py
-# imports both lazily, so they are named here; they cost the image a few MB (README).
-FEATURES = ["orisha.protocols.h3", "orisha.serving.acme"]
+            "json.tool"]
+# HTTP/3 (compiled_h3: ngtcp2, nghttp3 and GnuTLS, whose shared libraries PyInstaller bundles)
+# and ACME (acme, josepy, requests, certifi, cryptography) are frozen in: one image serves
+# every option of `orisha serve`, as Caddy's does. server.py imports both lazily, so they are
+# named here; they cost the image a few MB (README).
+FEATURES = ["orisha.protocols.compiled_h3", "orisha.serving.acme"]
 # aioquic and pylsqpack are the build's (protocols/qpack_blocks.py), not the image's.
-FEATURE_PACKAGES = {"qh3": "h3", "acme": "acme", "josepy": "acme",
+FEATURE_PACKAGES = {"acme": "acme", "josepy": "acme",
                     "requests": "acme", "certifi": "acme", "cryptography": "acme"}
 # liburing's extension modules (one per part of the C API, ~100 KB each in the archive): where
 # the compiled io_uring body is built, the image runs it and not the pure one (io_uring.py,
@@ -100,19 +101,38 @@ LIBURING_KEEP = ("error", "queue", "time")
 # tests' HTTP/2 client (nothing in orisha imports them); urllib3's browser (emscripten) backend
 # goes unused; the rest are imported only inside functions
 # the server never calls (shutil's archives, random's self-test, logging's pickling refusal,
-# urllib's FTP, warnings' allocation traces). Together ~0.45 MB of the 20 MB allowance.
+# urllib's FTP, warnings' allocation traces, email's parsers of structured headers and MIME
+# content, which http.client's header parsing never reaches; byte-compiling; the pure-Python
+# fallbacks of abc and threading.local, and Windows' file URLs). Together ~0.5 MB of the 20
+# MB allowance.
 UNUSED = ["h2", "hyperframe", "urllib3.contrib.emscripten", "tarfile", "gzip", "statistics",
-          "fractions", "pickle", "_pickle", "ftplib", "tracemalloc"]
+          "fractions", "pickle", "_pickle", "ftplib", "tracemalloc", "email.policy",
+          "email.headerregistry", "email._header_value_parser", "email.contentmanager",
+          "py_compile", "_py_abc", "_threading_local", "nturl2path"]
+# Codecs: PyInstaller puts all 121 of ``encodings`` in the base library that every start
+# unpacks into /tmp. The server's text is UTF-8, ASCII and Latin-1 (HTTP's fields), IDNA and
+# Punycode (host names), CP437 (zip archives: the importer reads one), the escapes and the
+# bytes-to-bytes codecs; the other ~90 (the CJK and single-byte code pages, ~0.5 MB of the
+# unpacked copy, which the pod's /tmp holds several of: tests/test_container.py) are left
+# out, and naming one in the image raises LookupError.
+KEEP_CODECS = {"aliases", "ascii", "latin_1", "utf_8", "utf_8_sig", "utf_16", "utf_16_be",
+               "utf_16_le", "utf_32", "utf_32_be", "utf_32_le", "utf_7", "idna", "punycode",
+               "charmap", "raw_unicode_escape", "unicode_escape", "undefined", "base64_codec",
+               "hex_codec", "quopri_codec", "zlib_codec", "uu_codec", "rot_13", "cp437"}
+
+
+def _unused_codecs() -> list[str]:
+    import encodings
+    import pkgutil
+    return sorted(f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__)
+                  if m.name not in KEEP_CODECS)
+
+
+UNUSED += _unused_codecs()
 EXCLUDES += ["charset_normalizer", "chardet", *UNUSED]
-# HTTP/3 on ngtcp2 (compiled_h3, the hosted default since issue 46): frozen in, its shared
-# libraries (ngtcp2, nghttp3, GnuTLS with p11-kit and libunistring) put the demo image at 21.89
-# MB, 41 KB past the size goal, and the pod's /tmp held one fewer unpacked copy
-# (test_killed_health_checks_…: 2 kills, not 3). The image's HTTP/3 stays qh3's
-# (runtime.py asks for it) until that fits.
-EXCLUDES += ["orisha.protocols.compiled_h3"]
 # ssl stays for every loop: --tls-cert/TLS_CERT (orisha/protocols/tls.py) works on each of them.
-# asyncio stays too: qh3's package imports its asyncio client and server as it loads.
-NOT_ASYNCIO = ["_hashlib", "uvloop"]
+# asyncio (and concurrent.futures, which it imports) only for the asyncio body.
+NOT_ASYNCIO = ["_hashlib", "uvloop", "asyncio", "_asyncio", "concurrent"]
 
 
 def loop_modules(loop: str) -> tuple[list[str], list[str]]:

@@ -149,9 +149,6 @@ def _many():
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    # The image's HTTP/3 is still the qh3 endpoint (build.py: ngtcp2's and GnuTLS's shared
-    # libraries do not fit the image-size goal and the pod's /tmp yet; issue 46).
-    os.environ.setdefault("ORISHA_H3", "qh3")
     from ...core.policy import LIMITS, Limits
     from ...errors import OrishaError
     from ...serving.server import run
