@@ -32,6 +32,15 @@ Makefile and fetch scripts) copied to ``orisha/targets/unikernel/tree/``, and th
 container's ``Dockerfile`` to ``orisha/targets/container/Dockerfile`` — the
 repository's copies stay the one source, the wheel gets them at build time
 (``BuildPy``). The compiled core's stamp goes beside the built module.
+
+HTTP/3's libraries in a wheel: ``compiled_h3`` links ngtcp2, its GnuTLS crypto helper and
+nghttp3 from bookworm-backports, which a Debian 12 without that suite lacks. A wheel
+carries copies of those three (``H3_CARRIED``) in ``orisha/protocols/h3libs/``, found
+first through the module's RUNPATH (``$ORIGIN/h3libs``), so ``pipx install`` of the wheel
+serves HTTP/3 wherever GnuTLS 3.7 is (Debian 12's own). Not statically linked: Debian's
+static archives of them are not position-independent (no shared object can take them) and
+nghttp3 1.8's source package is not on this project's package mirror to be built with
+``-fPIC``. An editable install links the system's copies (the folder does not exist there).
 """
 
 from __future__ import annotations
@@ -66,6 +75,8 @@ HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-
 # wheel that needs nothing but GnuTLS at run time will build them from the source packages
 # (issue 46: not done yet).
 H3_LIBS = ("ngtcp2_crypto_gnutls", "ngtcp2", "nghttp3", "gnutls")
+H3_CARRIED = ("libngtcp2_crypto_gnutls.so", "libngtcp2.so", "libnghttp3.so")  # not GnuTLS
+H3_LIBDIR = "h3libs"
 
 
 def _h3_extension():
@@ -79,7 +90,8 @@ def _h3_extension():
     return Extension("orisha.protocols.compiled_h3",
                      ["orisha/protocols/compiled_h3.pyx", "orisha/protocols/h3_quic.c"],
                      include_dirs=["orisha/protocols"], libraries=list(H3_LIBS),
-                     extra_compile_args=EXTRA)
+                     extra_compile_args=EXTRA,
+                     extra_link_args=["-Wl,-rpath,$ORIGIN/" + H3_LIBDIR])
 
 
 def _liburing_dirs() -> list[str] | None:
@@ -193,8 +205,23 @@ class OptionalBuildExt(build_ext):
             _SKIPPED.append(f"{ext.name} (compiler failed{HINTS.get(ext.name, '')})")
             return
         self.built.append(ext.name)
+        if ext.name == "orisha.protocols.compiled_h3" and not self.inplace:
+            _carry_h3_libraries(self.get_ext_fullpath(ext.name))
         if ext.name in FROM_PY.values():  # in place (editable) or in build_lib (wheel)
             _stamp_core_sources(os.path.dirname(self.get_ext_fullpath(ext.name)), ext.name)
+
+
+def _carry_h3_libraries(module: str) -> None:
+    """Copy the shared libraries ``module`` was linked with (``H3_CARRIED``, as the dynamic
+    linker resolves them now) into ``h3libs/`` beside it, under their sonames."""
+    import subprocess
+    out = subprocess.run(["ldd", module], capture_output=True, text=True, check=True).stdout
+    folder = os.path.join(os.path.dirname(module), H3_LIBDIR)
+    os.makedirs(folder, exist_ok=True)
+    for line in out.splitlines():  # "\tlibngtcp2.so.16 => /lib/x86_64-linux-gnu/libngtcp2.so.16 (…)"
+        name, _, rest = line.strip().partition(" => ")
+        if name.rsplit(".so", 1)[0] + ".so" in H3_CARRIED and rest.startswith("/"):
+            shutil.copyfile(rest.split(" (")[0], os.path.join(folder, name))
 
 
 class BuildPy(build_py):

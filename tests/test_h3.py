@@ -556,6 +556,67 @@ def test_a_goaway_under_loss_closes_only_once_every_response_is_delivered(builds
     assert [e.error_code for e in ended] == [ErrorCode.H3_NO_ERROR], ended
 
 
+def test_a_new_connection_id_names_its_worker_with_no_table(builds, pki, tmp_path):
+    """Every connection ID a worker issues — the first, and each in a NEW_CONNECTION_ID — names
+    that worker by its tag alone: after the client moves to a spare ID (RFC 9000 §5.1.2), a
+    datagram of it read by another worker's endpoint is handed to the owner (``forward``,
+    from the ID and the server's key only: no table is shared between the two), and the
+    owner answers it."""
+    from aioquic.quic.connection import QuicConnection
+    from orisha.core.connection import App
+    from orisha.protocols import compiled_h3
+    from orisha.loops.udp import handover_socket
+    from orisha.protocols.quic_steer import Steer
+    from orisha.serving.server import load_site
+    site, key, length = load_site(builds["notfound"]), os.urandom(16), 8  # compiled_h3's CID_LEN
+    eps = []
+    for index in range(2):
+        ep = compiled_h3.Endpoint(App(site), compiled_h3.configuration(pki.chain, pki.key, 15))
+        ep.steer_with(Steer(str(tmp_path), key, 1, index))
+        eps.append(ep)
+    owner, other = eps
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    config.load_verify_locations(pki.ca)
+    client = QuicConnection(configuration=config)
+    server_addr, client_addr, now = ("127.0.0.1", 4433), ("127.0.0.1", 5555), time.time()
+    client.connect(server_addr, now)
+    hello = [d for d, _ in client.datagrams_to_send(now)]
+    owner.receive([(d, client_addr) for d in hello], now)
+    chosen = hello[0][6:6 + hello[0][5]]  # the client's first destination ID: not ours
+    ours: set = set()
+    settled = 0
+    for _ in range(50):  # the handshake, then the spare IDs the owner sends, acknowledged
+        now = _step(client, owner, client_addr, now)
+        for payload, _, seg in owner.outgoing:
+            for i in range(0, len(payload), seg or len(payload)):
+                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
+        owner.sent(len(owner.outgoing), now)
+        event = client.next_event()
+        while event is not None:
+            settled = settled or event.__class__.__name__ == "HandshakeCompleted"
+            event = client.next_event()
+        ours = {c for conn in owner.live for c in conn.cids if c != chosen}
+        if settled and len(ours) >= 3:
+            settled += 1
+            if settled > 5:
+                break
+    assert len(ours) >= 3, ours  # the first ID and two NEW_CONNECTION_IDs at least
+    assert {other.steer.owner(c) for c in ours} == {owner.steer.tag}
+    client.change_connection_id()  # to a spare ID: the next packets carry it
+    client.send_ping(7)
+    moved = [d for d, _ in client.datagrams_to_send(now)]
+    assert moved and all(not d[0] & 0x80 and d[1:1 + length] in ours for d in moved)
+    bound = handover_socket(owner.steer)  # as the owner's pump does: it lives
+    try:
+        other.receive([(d, client_addr) for d in moved], now)
+    finally:
+        bound.close()
+    assert [(tag, d) for tag, d, _ in other.forward] == [(owner.steer.tag, d) for d in moved]
+    assert not other.live and other.strays == 0
+    owner.receive([(d, client_addr) for d in moved], now, True)  # as the pump hands them over
+    assert owner.outgoing  # its acknowledgment of the PING
+
+
 def test_under_a_flood_of_handshakes_new_clients_get_a_retry(builds, pki, engine):
     """Past ``retry_above`` handshakes in progress the first answer is a Retry (stateless:
     no connection is made for it); the client's second Initial carries the token, and the
