@@ -881,6 +881,39 @@ def test_a_killed_worker_comes_back_on_its_udp_socket(builds, pki):
         s.stop()
 
 
+def test_a_worker_restarted_after_its_certificate_files_changed_serves_its_generations(
+        builds, pki, tmp_path):
+    """A generation's QUIC certificates are read once, by the supervisor, as TLS's are: the
+    key file overwritten with garbage (the supervisor's renewal refuses it and the current
+    generation goes on), then its one worker killed, the worker the supervisor starts in its
+    place answers HTTP/3 and HTTPS on the certificate the generation was made with. Before,
+    each worker loaded the files itself as it started: the replacement failed on the new
+    key, exited and was restarted every second, and nothing answered."""
+    import shutil
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    shutil.copyfile(pki.chain, cert)
+    shutil.copyfile(pki.key, key)
+    s = serve(builds["notfound"], "--loop", "epoll", "--workers", "1", *TEST_LIMITS,
+              "--tls-cert", cert, "--tls-key", key)
+    try:
+        (victim,) = [int(p) for p in _children(s.proc.pid)]
+        with open(key, "w") as f:
+            f.write("not a key\n")
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 15  # the supervisor's restart pause, with slack
+        while [int(p) for p in _children(s.proc.pid)] in ([], [victim]):
+            assert time.monotonic() < deadline, "the killed worker was not replaced"
+            time.sleep(0.05)
+        # queued on the sockets until the replacement reads them: no wait for it
+        assert h3_get(s.port, pki.ca, [("/", "GET", ())])[0][0] == 200
+        assert http11(s.port, pki, "GET", "/", {})[0] == 200
+        assert len(_children(s.proc.pid)) == 1
+    finally:
+        s.stop()
+    err = s.proc.stderr.read()
+    assert "cannot load them for QUIC" not in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("loop", ["epoll"])
 def test_an_oversized_field_section_gets_431_and_the_connection_goes_on(builds, pki, loop):
     """A request whose head is over --head-limit gets 431 (as HTTP/1.1 and HTTP/2 do); the

@@ -124,6 +124,11 @@ cdef extern from "h3_quic.h":
         void (*cid)(void *, h3q_conn *, uint8_t *, size_t)
         void (*route)(void *, h3q_conn *, const uint8_t *, size_t, int)
         size_t (*credential)(void *, const char *)
+    ctypedef struct h3q_pem:
+        const uint8_t *cert
+        size_t cert_len
+        const uint8_t *key
+        size_t key_len
     ctypedef struct h3q_limits:
         uint64_t idle_timeout
         uint64_t handshake_timeout
@@ -136,8 +141,8 @@ cdef extern from "h3_quic.h":
         H3Q_ENDED, H3Q_EARLY
         H3Q_DROP, H3Q_NEW, H3Q_ANSWERED
         H3Q_HANDSHAKING, H3Q_OPEN, H3Q_CLOSING, H3Q_GONE
-    h3q_server *h3q_server_new(const h3q_calls *, void *, const h3q_limits *, const char *const *,
-                               const char *const *, size_t, const uint8_t *, char *, size_t)
+    h3q_server *h3q_server_new(const h3q_calls *, void *, const h3q_limits *, const h3q_pem *,
+                               size_t, const uint8_t *, char *, size_t)
     void h3q_server_del(h3q_server *)
     int h3q_classify(h3q_server *, const uint8_t *, size_t, uint8_t *, size_t *)
     h3q_conn *h3q_accept(h3q_server *, const uint8_t *, size_t, const sockaddr *, socklen_t,
@@ -225,14 +230,25 @@ def tickets() -> bytes:
 class Configuration:
     """What a worker generation's endpoints are made from: (DNS names, certificate file,
     key file) in command-line order (``tls.by_server_name`` picks one by the client's server
-    name, the first for none or an unknown one), the idle timeout, ``tickets`` (``tickets()``,
-    or None: no resumption) and ``retry`` (``--quic-retry``: every new client proves its
-    address first, not only past ``RETRY_ABOVE`` handshakes in progress)."""
+    name, the first for none or an unknown one), the files' contents (``pems``: read here,
+    in the supervisor, so every worker of the generation — one restarted later too — serves
+    what was checked, whatever the files hold by then), the idle timeout, ``tickets``
+    (``tickets()``, or None: no resumption) and ``retry`` (``--quic-retry``: every new
+    client proves its address first, not only past ``RETRY_ABOVE`` handshakes in progress)."""
 
     def __init__(self, pairs, idle_timeout: float, tickets=None, retry: bool = False) -> None:
         self.pairs, self.idle_timeout, self.tickets, self.retry = list(pairs), idle_timeout, \
             tickets, retry
         self.connection_id_length = CID_LEN
+        self.pems = [(_read(cert), _read(key)) for _, cert, key in self.pairs]
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ServeError(f"{path}: cannot read it for QUIC ({e.strerror or e})") from None
 
 
 def configuration(cert: str, key: str, idle_timeout: float) -> Configuration:
@@ -336,13 +352,13 @@ cdef class _Server:
         cdef h3q_calls calls
         cdef h3q_limits limits
         cdef char err[512]
-        cdef size_t i, n = len(config.pairs)
-        cdef const char **certs = <const char **>malloc(sizeof(char *) * (n + 1))
-        cdef const char **keys = <const char **>malloc(sizeof(char *) * (n + 1))
-        names = [(os.fsencode(c), os.fsencode(k)) for _, c, k in config.pairs]
+        cdef size_t i, n = len(config.pems)
+        cdef h3q_pem *pems = <h3q_pem *>malloc(sizeof(h3q_pem) * (n + 1))
+        cdef bytes cert, key
         for i in range(n):
-            certs[i] = names[i][0]
-            keys[i] = names[i][1]
+            cert, key = config.pems[i]
+            pems[i].cert, pems[i].cert_len = <const uint8_t *>PyBytes_AS_STRING(cert), len(cert)
+            pems[i].key, pems[i].key_len = <const uint8_t *>PyBytes_AS_STRING(key), len(key)
         self.pick = by_server_name([(dns, i) for i, (dns, _, _) in enumerate(config.pairs)])
         calls.request, calls.release, calls.cid, calls.route, calls.credential = \
             _on_request, _on_release, _on_cid, _on_route, _on_credential
@@ -356,13 +372,17 @@ cdef class _Server:
         ticket = config.tickets
         if ticket is not None and len(ticket) != 64:
             raise ValueError("a ticket key is 64 bytes")
-        self.s = h3q_server_new(&calls, <void *>ep if ep is not None else NULL, &limits, certs,
-                                keys, n, <const uint8_t *>PyBytes_AS_STRING(ticket)
+        self.s = h3q_server_new(&calls, <void *>ep if ep is not None else NULL, &limits, pems,
+                                n, <const uint8_t *>PyBytes_AS_STRING(ticket)
                                 if ticket is not None else NULL, err, sizeof(err))
-        free(certs)
-        free(keys)
+        free(pems)
         if self.s == NULL:
-            raise ServeError(f"cannot load them for QUIC ({err.decode(errors='replace')})")
+            why = err.decode(errors="replace")
+            if why.startswith("certificate "):  # "certificate I: why": name its files
+                index, _, why = why[12:].partition(": ")
+                _, c, k = config.pairs[int(index)]
+                why = f"{c}, {k}: {why}"
+            raise ServeError(f"cannot load them for QUIC ({why})")
 
     def close(self):
         h3q_server_del(self.s)

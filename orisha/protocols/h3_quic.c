@@ -679,8 +679,8 @@ static ngtcp2_conn *get_conn(ngtcp2_crypto_conn_ref *ref) {
 /* -- the server ---------------------------------------------------------------------- */
 
 h3q_server *h3q_server_new(const h3q_calls *calls, void *host, const h3q_limits *limits,
-                           const char *const *certs, const char *const *keys, size_t n,
-                           const uint8_t *ticket_key, char *err, size_t errlen) {
+                           const h3q_pem *pems, size_t n, const uint8_t *ticket_key,
+                           char *err, size_t errlen) {
     h3q_server *s = calloc(1, sizeof(*s));
     if (s == NULL || n == 0 || (s->creds = calloc(n, sizeof(*s->creds))) == NULL) {
         snprintf(err, errlen, n ? "out of memory" : "no certificate");
@@ -707,11 +707,14 @@ h3q_server *h3q_server_new(const h3q_calls *calls, void *host, const h3q_limits 
         credential *k = &s->creds[i];
         s->ncreds = i + 1;
         rv = gnutls_certificate_allocate_credentials(&k->cred);
-        if (rv == 0)
-            rv = gnutls_certificate_set_x509_key_file2(k->cred, certs[i], keys[i],
-                                                       GNUTLS_X509_FMT_PEM, NULL, 0);
+        if (rv == 0) {
+            const gnutls_datum_t cert = {(unsigned char *)pems[i].cert, (unsigned)pems[i].cert_len};
+            const gnutls_datum_t key = {(unsigned char *)pems[i].key, (unsigned)pems[i].key_len};
+            rv = gnutls_certificate_set_x509_key_mem2(k->cred, &cert, &key, GNUTLS_X509_FMT_PEM,
+                                                      NULL, 0);
+        }
         if (rv < 0) {
-            snprintf(err, errlen, "%s, %s: %s", certs[i], keys[i], gnutls_strerror(rv));
+            snprintf(err, errlen, "certificate %zu: %s", i, gnutls_strerror(rv));
             h3q_server_del(s);
             return NULL;
         }

@@ -63,12 +63,24 @@ enum { H3Q_DROP = 0, H3Q_NEW = 1, H3Q_ANSWERED = 2 };
 /* A connection's state (h3q_state). */
 enum { H3Q_HANDSHAKING = 0, H3Q_OPEN = 1, H3Q_CLOSING = 2, H3Q_GONE = 3 };
 
-/* `ticket_key`: 64 bytes every worker shares, for TLS session tickets and 0-RTT (each
- * certificate's tickets are sealed with a key of its own drawn from it, so a ticket
- * resumes only under the certificate it was issued with), or NULL for none. */
+/* One certificate chain and its private key, PEM, in memory: read by the host once (the
+ * supervisor, before it forks the workers), never from a file here, so a worker started
+ * later serves what was checked even when the files have changed since. */
+typedef struct {
+    const uint8_t *cert;
+    size_t cert_len;
+    const uint8_t *key;
+    size_t key_len;
+} h3q_pem;
+
+/* `pems`: `n` certificates (index `i` of h3q_calls.credential). `ticket_key`: 64 bytes
+ * every worker shares, for TLS session tickets and 0-RTT (each certificate's tickets are
+ * sealed with a key of its own drawn from it, so a ticket resumes only under the
+ * certificate it was issued with), or NULL for none. On failure `err` says which
+ * certificate ("certificate I: why"). */
 h3q_server *h3q_server_new(const h3q_calls *calls, void *host, const h3q_limits *limits,
-                           const char *const *certs, const char *const *keys, size_t n,
-                           const uint8_t *ticket_key, char *err, size_t errlen);
+                           const h3q_pem *pems, size_t n, const uint8_t *ticket_key,
+                           char *err, size_t errlen);
 void h3q_server_del(h3q_server *s);
 
 /* A datagram of no known connection: H3Q_NEW (a client's first Initial: h3q_accept it),
