@@ -70,3 +70,22 @@ def test_nothing_left_out_as_unused_is_imported_by_the_server():
                        timeout=60, cwd=os.path.dirname(build.PACKAGE))
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == [], r.stdout
+
+
+def test_an_edit_to_the_hand_written_c_freezes_the_executable_again(tmp_path, monkeypatch):
+    """The frozen executable's cache key covers h3_quic.c and h3_quic.h (compiled_h3's C
+    half) as it covers the .pyx files: an edit to either alone is a new key, not a stale
+    executable reused."""
+    import shutil
+    copy = tmp_path / "orisha"
+    shutil.copytree(build.PACKAGE, copy, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.so", "embed", "unikernel"))
+    monkeypatch.setattr(build, "PACKAGE", str(copy))
+    before = build._key(["m"], [])
+    for name in ("h3_quic.c", "h3_quic.h"):
+        path = copy / "protocols" / name
+        path.write_bytes(path.read_bytes() + b"\n/* edited */\n")
+        after = build._key(["m"], [])
+        assert after != before, name
+        before = after
+
