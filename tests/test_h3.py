@@ -332,6 +332,14 @@ def _step(client, ep, client_addr, now: float) -> float:
     return now
 
 
+def _deliver(ep, client, server_addr, now: float) -> None:
+    """What ``ep`` has queued, each GSO group cut into its datagrams, to aioquic's ``client``."""
+    for payload, _, seg in ep.outgoing:
+        for i in range(0, len(payload), seg or len(payload)):
+            client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
+    ep.sent(len(ep.outgoing), now)
+
+
 def _statuses(ep, pki, paths: list, now: float, wave: int = 50) -> tuple[dict, float]:
     """aioquic's client against ``ep`` in memory, one connection from ``now`` on a simulated
     clock: GET each of ``paths`` (bytes), ``wave`` streams at a time; ({path: final status, or
@@ -348,10 +356,7 @@ def _statuses(ep, pki, paths: list, now: float, wave: int = 50) -> tuple[dict, f
     pending, running, statuses, ready = list(paths), {}, {}, False
     for _ in range(20 * len(paths) + 100):
         now = _step(client, ep, client_addr, now)
-        for payload, _, seg in ep.outgoing:
-            for i in range(0, len(payload), seg or len(payload)):
-                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
-        ep.sent(len(ep.outgoing), now)
+        _deliver(ep, client, server_addr, now)
         event = client.next_event()
         while event is not None:
             ready = ready or event.__class__.__name__ == "HandshakeCompleted"
@@ -587,10 +592,7 @@ def test_a_new_connection_id_names_its_worker_with_no_table(builds, pki, tmp_pat
     settled = 0
     for _ in range(50):  # the handshake, then the spare IDs the owner sends, acknowledged
         now = _step(client, owner, client_addr, now)
-        for payload, _, seg in owner.outgoing:
-            for i in range(0, len(payload), seg or len(payload)):
-                client.receive_datagram(payload[i:i + (seg or len(payload))], server_addr, now)
-        owner.sent(len(owner.outgoing), now)
+        _deliver(owner, client, server_addr, now)
         event = client.next_event()
         while event is not None:
             settled = settled or event.__class__.__name__ == "HandshakeCompleted"
