@@ -33,14 +33,14 @@ container's ``Dockerfile`` to ``orisha/targets/container/Dockerfile`` — the
 repository's copies stay the one source, the wheel gets them at build time
 (``BuildPy``). The compiled core's stamp goes beside the built module.
 
-HTTP/3's libraries in a wheel: ``compiled_h3`` links ngtcp2, its GnuTLS crypto helper and
-nghttp3 from bookworm-backports, which a Debian 12 without that suite lacks. A wheel
-carries copies of those three (``H3_CARRIED``) in ``orisha/protocols/h3libs/``, found
-first through the module's RUNPATH (``$ORIGIN/h3libs``), so ``pipx install`` of the wheel
-serves HTTP/3 wherever GnuTLS 3.7 is (Debian 12's own). Not statically linked: Debian's
-static archives of them are not position-independent (no shared object can take them) and
-nghttp3 1.8's source package is not on this project's package mirror to be built with
-``-fPIC``. An editable install links the system's copies (the folder does not exist there).
+HTTP/3's libraries: ``compiled_h3`` links ngtcp2, its GnuTLS crypto helper and nghttp3
+statically, from the archives of bookworm-backports' -dev packages (``H3_ARCHIVES``), so the
+module (and a wheel, and the container's frozen executable) needs only GnuTLS at run time,
+which every Debian 12 has: ``pipx install`` of the wheel serves HTTP/3 on a machine without
+that suite. Debian builds those archives as position-independent executables' objects (PIE,
+not PIC): their calls between their own global symbols are PC-relative, which a shared object
+may take only when those symbols are not exported, so the link hides every symbol of the
+archives (``--exclude-libs,ALL``); the module exports its init function alone, as before.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -69,29 +70,32 @@ UNPACKAGED = ("build", ".cache", "tools", "__pycache__", "*.o")
 _SKIPPED: list[str] = []  # why a module was not compiled, for the one summary line
 HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-dev has them",
          "orisha.protocols.compiled_h3": ": ngtcp2 1.x and nghttp3? bookworm-backports' "
-                                         "libngtcp2-crypto-gnutls-dev and libnghttp3-dev"}
-# HTTP/3 on ngtcp2 (compiled_h3), linked against the shared libraries of Debian's -dev
-# packages (bookworm-backports). Their static archives are not position-independent, so a
-# wheel that needs nothing but GnuTLS at run time will build them from the source packages
-# (issue 46: not done yet).
-H3_LIBS = ("ngtcp2_crypto_gnutls", "ngtcp2", "nghttp3", "gnutls")
-H3_CARRIED = ("libngtcp2_crypto_gnutls.so", "libngtcp2.so", "libnghttp3.so")  # not GnuTLS
-H3_LIBDIR = "h3libs"
+                                         "libngtcp2-dev, libngtcp2-crypto-gnutls-dev and "
+                                         "libnghttp3-dev"}
+# HTTP/3 on ngtcp2 (compiled_h3): the static archives it takes in (Debian's -dev packages
+# from bookworm-backports), in link order; GnuTLS is the one shared library it adds.
+H3_ARCHIVES = ("libngtcp2_crypto_gnutls.a", "libngtcp2.a", "libnghttp3.a")
+H3_HEADERS = (os.path.join("ngtcp2", "ngtcp2.h"), os.path.join("ngtcp2", "ngtcp2_crypto_gnutls.h"),
+              os.path.join("nghttp3", "nghttp3.h"))
 
 
 def _h3_extension():
-    """The compiled HTTP/3 endpoint, or None without ngtcp2 1.x's and nghttp3's headers."""
+    """The compiled HTTP/3 endpoint, or None without ngtcp2 1.x's and nghttp3's headers and
+    static archives (``ORISHA_H3_INCLUDE``, ``ORISHA_H3_LIBDIR``: where else to find them)."""
     include = os.environ.get("ORISHA_H3_INCLUDE", "/usr/include")
-    if not (os.path.exists(os.path.join(include, "ngtcp2", "ngtcp2_crypto_gnutls.h"))
-            and os.path.exists(os.path.join(include, "nghttp3", "nghttp3.h"))):
-        _SKIPPED.append("orisha.protocols.compiled_h3 (no ngtcp2/nghttp3 headers" + HINTS[
-            "orisha.protocols.compiled_h3"] + ")")
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    libdir = os.environ.get("ORISHA_H3_LIBDIR", os.path.join("/usr/lib", multiarch))
+    missing = [h for h in H3_HEADERS if not os.path.exists(os.path.join(include, h))] + [
+        a for a in H3_ARCHIVES if not os.path.exists(os.path.join(libdir, a))]
+    if missing:
+        _SKIPPED.append(f"orisha.protocols.compiled_h3 (no {', '.join(missing)}"
+                        + HINTS["orisha.protocols.compiled_h3"] + ")")
         return None
     return Extension("orisha.protocols.compiled_h3",
                      ["orisha/protocols/compiled_h3.pyx", "orisha/protocols/h3_quic.c"],
-                     include_dirs=["orisha/protocols"], libraries=list(H3_LIBS),
-                     extra_compile_args=EXTRA,
-                     extra_link_args=["-Wl,-rpath,$ORIGIN/" + H3_LIBDIR])
+                     include_dirs=["orisha/protocols", include], libraries=["gnutls"],
+                     extra_objects=[os.path.join(libdir, a) for a in H3_ARCHIVES],
+                     extra_compile_args=EXTRA, extra_link_args=["-Wl,--exclude-libs,ALL"])
 
 
 def _liburing_dirs() -> list[str] | None:
@@ -184,6 +188,17 @@ class OptionalBuildExt(build_ext):
         skipped = f"; not compiled: {', '.join(_SKIPPED)}" if _SKIPPED else ""
         print(f"orisha: compiled build: {', '.join(self.built)}{skipped}", file=sys.stderr)
 
+    def copy_extensions_to_source(self) -> None:
+        """An in-place build (an editable install) copies the modules that compiled: one that
+        failed has no file to copy, and copying it raised, so every module after it in the
+        list (the io_uring body after HTTP/3's) was lost too and the install said pure."""
+        every = self.extensions
+        self.extensions = [e for e in every if e.name in self.built]
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.extensions = every
+
     def copy_file(self, src, dst, *args, **kwargs):
         """In-place builds (editable installs) replace a compiled module by rename: a server
         running the old one keeps its file mapped instead of seeing it truncated (SIGBUS)."""
@@ -205,23 +220,8 @@ class OptionalBuildExt(build_ext):
             _SKIPPED.append(f"{ext.name} (compiler failed{HINTS.get(ext.name, '')})")
             return
         self.built.append(ext.name)
-        if ext.name == "orisha.protocols.compiled_h3" and not self.inplace:
-            _carry_h3_libraries(self.get_ext_fullpath(ext.name))
         if ext.name in FROM_PY.values():  # in place (editable) or in build_lib (wheel)
             _stamp_core_sources(os.path.dirname(self.get_ext_fullpath(ext.name)), ext.name)
-
-
-def _carry_h3_libraries(module: str) -> None:
-    """Copy the shared libraries ``module`` was linked with (``H3_CARRIED``, as the dynamic
-    linker resolves them now) into ``h3libs/`` beside it, under their sonames."""
-    import subprocess
-    out = subprocess.run(["ldd", module], capture_output=True, text=True, check=True).stdout
-    folder = os.path.join(os.path.dirname(module), H3_LIBDIR)
-    os.makedirs(folder, exist_ok=True)
-    for line in out.splitlines():  # "\tlibngtcp2.so.16 => /lib/x86_64-linux-gnu/libngtcp2.so.16 (…)"
-        name, _, rest = line.strip().partition(" => ")
-        if name.rsplit(".so", 1)[0] + ".so" in H3_CARRIED and rest.startswith("/"):
-            shutil.copyfile(rest.split(" (")[0], os.path.join(folder, name))
 
 
 class BuildPy(build_py):

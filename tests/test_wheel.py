@@ -310,41 +310,46 @@ def test_installed_wheel_builds_and_serves_the_demo(installed, tmp_path):
     serve_and_get(exe, out, str(tmp_path), "--loop", "epoll")
 
 
-# What the wheel carries of HTTP/3's libraries (setup.py's H3_CARRIED), by soname prefix.
-H3_CARRIED = ("libngtcp2.so.", "libngtcp2_crypto_gnutls.so.", "libnghttp3.so.")
+# HTTP/3's libraries, which setup.py links into compiled_h3 from their static archives, by
+# soname prefix.
+H3_LINKED = ("libngtcp2.so.", "libngtcp2_crypto_gnutls.so.", "libnghttp3.so.")
 
 
 def _system_h3_copies() -> list[str]:
-    """The system's own copies of the carried libraries (``ldconfig -p``), resolved."""
+    """The system's own shared copies of those libraries (``ldconfig -p``), resolved."""
     out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
     found = {os.path.realpath(line.split(" => ")[1].strip()) for line in out.splitlines()
-             if " => " in line and line.strip().startswith(H3_CARRIED)}
+             if " => " in line and line.strip().startswith(H3_LINKED)}
     return sorted(found)
 
 
 def test_the_installed_wheel_serves_http3_without_the_systems_ngtcp2(installed, tmp_path, pki):
-    """The wheel carries ngtcp2, its GnuTLS helper and nghttp3 (bookworm-backports', which a
-    Debian 12 without that suite lacks) in ``orisha/protocols/h3libs``. With the system's
-    copies hidden — each bound over by an empty file in a mount namespace of this test's
-    own — the installed orisha still says ``h3 compiled`` and answers a page over HTTP/3,
-    byte-identical, while the hiding is checked to work (loading a system copy fails)."""
+    """compiled_h3 has ngtcp2, its GnuTLS helper and nghttp3 (bookworm-backports', which a
+    Debian 12 without that suite lacks) linked in statically: it names none of them as a
+    library it needs, and with the system's copies hidden — each bound over by an empty
+    file in a mount namespace of this test's own — the installed orisha still says ``h3
+    compiled`` and answers a page over HTTP/3, byte-identical, while the hiding is checked
+    to work (loading a system copy fails)."""
     from test_h3 import h3_get
     exe = os.path.join(installed, "orisha")
     python = os.path.join(installed, "python")
-    where = run([python, "-c", "import os, orisha.protocols as p; print(os.path.dirname(p.__file__))"],
-                cwd=str(tmp_path)).stdout.strip()
-    carried = sorted(os.listdir(os.path.join(where, "h3libs")))
-    assert [n.split(".so.")[0] for n in carried] == ["libnghttp3", "libngtcp2",
-                                                      "libngtcp2_crypto_gnutls"], carried
+    module = run([python, "-c", "import importlib.util as u; "
+                  "print(u.find_spec('orisha.protocols.compiled_h3').origin)"],
+                 cwd=str(tmp_path)).stdout.strip()
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]",
+                        run(["readelf", "-d", module], cwd=str(tmp_path)).stdout)
+    assert "libc.so.6" in needed and any(n.startswith("libgnutls.so.") for n in needed), needed
+    assert not [n for n in needed if n.startswith(H3_LINKED)], needed
     hidden = _system_h3_copies()  # every version the system has (bookworm's own too)
+    assert hidden, "the system has no shared ngtcp2 or nghttp3 to hide: the test shows nothing"
     out = str(tmp_path / "out")
     run([exe, "build", DEMO, "-o", out], cwd=str(tmp_path))
     hide = "; ".join(f"mount --bind /dev/null {p}" for p in hidden)
     wrap = ["unshare", "-m", "--propagation", "private", "sh", "-c", f'{hide}; exec "$@"', "sh"]
     probe = run(wrap + [python, "-c", "import ctypes, sys\nfor name in sys.argv[1:]:\n"
                         "    try:\n        ctypes.CDLL(name)\n    except OSError:\n"
-                        "        print('hidden', name)", *carried], cwd=str(tmp_path))
-    assert probe.stdout.split() == [w for n in carried for w in ("hidden", n)], probe
+                        "        print('hidden', name)", *hidden], cwd=str(tmp_path))
+    assert probe.stdout.split() == [w for n in hidden for w in ("hidden", n)], probe
     assert "h3 compiled" in run(wrap + [exe, "--version"], cwd=str(tmp_path)).stdout
     p = subprocess.Popen(wrap + [exe, "serve", out, "--port", "0", "--host", "127.0.0.1",
                                  "--workers", "1", "--tls-cert", pki.chain, "--tls-key", pki.key],

@@ -55,6 +55,22 @@ from .qpack_blocks import Sections, date_field
 from .tls import by_server_name
 from .fields import PerSecond
 
+cdef extern from *:
+    """
+    #include <dlfcn.h>
+    #include <stdio.h>
+    /* ngtcp2 and nghttp3 are linked in from Debian's static archives (setup.py), built as
+     * position-independent executables' code: their debug printers name libc's stderr
+     * PC-relatively, which no shared object may do with another object's variable. This
+     * module's own stderr, hidden, takes those references; it is libc's stream, copied when
+     * the module is loaded. */
+    __attribute__((visibility("hidden"))) FILE *stderr;
+    __attribute__((constructor)) static void orisha_h3_stderr(void) {
+        FILE **libc_stderr = dlsym(RTLD_DEFAULT, "stderr");
+        stderr = libc_stderr ? *libc_stderr : NULL;
+    }
+    """
+
 cdef extern from "<sys/socket.h>":
     ctypedef unsigned int socklen_t
     struct sockaddr:

@@ -80,12 +80,12 @@ EXCLUDES = ["orisha.embed", "orisha.cli", "orisha.targets.unikernel", "orisha.ta
             "_decimal", "_pydecimal", "decimal", "xml", "pyexpat", "sqlite3", "_sqlite3",
             "lzma", "_lzma", "bz2", "_bz2", "readline", "curses", "_curses", "multiprocessing",
             "json.tool"]
-# HTTP/3 (compiled_h3: ngtcp2, nghttp3 and GnuTLS, whose shared libraries PyInstaller bundles)
-# and ACME (acme, josepy, requests, certifi, cryptography) are frozen in: one image serves
-# every option of `orisha serve`, as Caddy's does. server.py imports both lazily, so they are
-# named here; they cost the image a few MB (README).
+# HTTP/3 (compiled_h3, ngtcp2 and nghttp3 linked in, and GnuTLS, whose libraries PyInstaller
+# bundles) and ACME (acme, josepy, requests, certifi, cryptography) are frozen in: one image
+# serves every option of `orisha serve`, as Caddy's does. server.py imports both lazily, so
+# they are named here; they cost the image a few MB (README).
 FEATURES = ["orisha.protocols.compiled_h3", "orisha.serving.acme"]
-# aioquic and pylsqpack are the build's (protocols/qpack_blocks.py), not the image's.
+# aioquic and pylsqpack are the tests' clients and decoders, not the image's.
 FEATURE_PACKAGES = {"acme": "acme", "josepy": "acme",
                     "requests": "acme", "certifi": "acme", "cryptography": "acme"}
 # liburing's extension modules (one per part of the C API, ~100 KB each in the archive): where
