@@ -14,23 +14,28 @@ if [ -n "$existing" ]; then
     exit 0
 fi
 
-has_src() {
-    grep -rqsE '^(deb-src|Types:.*deb-src)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null
+# Whether apt knows lwIP's source package. Not "is any deb-src listed": ./dev's own
+# bookworm-backports entry (deb and deb-src, for HTTP/3's libraries) is one, and lwIP is not
+# in that suite, so a machine whose only deb-src was that one never got bookworm's.
+# (apt-cache showsrc exits 0 for a package it does not know: its output tells.)
+knows_lwip() {
+    apt-cache showsrc lwip 2>/dev/null | grep -q '^Package: lwip$'
 }
-if ! has_src; then
+if ! knows_lwip; then
     . /etc/os-release
     suite=${VERSION_CODENAME:-bookworm}
-    echo "fetch-lwip: adding deb-src for $suite" >&2
-    cat > /etc/apt/sources.list.d/orisha-deb-src.sources <<SRC
+    if [ ! -f /etc/apt/sources.list.d/orisha-deb-src.sources ]; then
+        echo "fetch-lwip: adding deb-src for $suite" >&2
+        cat > /etc/apt/sources.list.d/orisha-deb-src.sources <<SRC
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: $suite
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
+    fi
     apt-get update -qq >&2
-elif ! apt-cache showsrc lwip >/dev/null 2>&1; then
-    apt-get update -qq >&2
+    knows_lwip || { echo "fetch-lwip: apt knows no source package lwip (deb-src for $suite?)" >&2; exit 1; }
 fi
 
 ( cd "$cache" && apt-get source --download-only -qq lwip >&2 && \
