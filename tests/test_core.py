@@ -13,13 +13,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, demo_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from httpraw import split_responses
 
 from orisha.core.connection import App, Limits
 from orisha.core.dates import parse_http_date
+from orisha.core.policy import LINGER
 from orisha.core.negotiate import accept_encoding_mask, byte_range
 from orisha.core.request import decimal
 from orisha.serving.server import load_site
@@ -217,6 +218,69 @@ def test_timeouts(app):
     assert not conn.should_close
     conn.tick(NOW + 5 + lim.send_timeout + 1)
     assert conn.should_close
+
+
+def test_a_stop_answers_every_request_read_with_a_last_response_that_says_close(builds):
+    """A graceful stop (``shutdown``): a keep-alive connection idle for LINGER closes at
+    once; one writing a response finishes it, then answers the request it read meanwhile
+    with ``Connection: close`` and closes; a head half read is answered the same way once
+    it is whole; one that wrote its last response just now waits LINGER for a request on
+    its way (its response may still be in the kernel's buffers: closing now, that
+    request's reset would cut it). (Before, the request read after the stop was drained
+    unanswered while the connection lingered, though no response had said it would close.)"""
+    app = App(load_site(builds["notfound"]), Limits())  # its own: a stop marks the App
+    idle = app.connect(NOW - LINGER - 1)
+    busy, half = app.connect(NOW), app.connect(NOW)
+    busy.receive(b"GET /files/big.txt HTTP/1.1\r\nHost: x\r\n\r\n", NOW)
+    first = b"".join(bytes(b) for b in busy.outgoing)
+    assert b"\r\nConnection: close\r\n" not in first.split(b"\r\n\r\n", 1)[0] + b"\r\n"
+    busy.sent(100, NOW)  # the response is being written
+    half.receive(b"GET /css/site.css HTTP/1.1\r\nHo", NOW)
+    for conn in (idle, busy, half):
+        conn.shutdown(NOW)
+    assert idle.should_close and not busy.should_close and not half.should_close
+    busy.receive(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\n\r\n", NOW)  # the next request
+    busy.sent(len(first) - 100, NOW)  # the first response written: the next one is answered
+    out = b"".join(bytes(b) for b in busy.outgoing)
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"\r\nConnection: close\r\n" in out
+    assert out.endswith(demo_file("css/site.css"))
+    busy.sent(len(out), NOW)
+    assert busy.shut_write or busy.should_close
+    half.receive(b"st: x\r\n\r\n", NOW)
+    out = b"".join(bytes(b) for b in half.outgoing)
+    assert b"\r\nConnection: close\r\n" in out and out.endswith(demo_file("css/site.css"))
+    half.sent(len(out), NOW)
+    assert half.shut_write or half.should_close
+    quiet = app.connect(NOW)  # its response just written, and no request after it
+    quiet.receive(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\n\r\n", NOW)
+    quiet.sent(sum(len(b) for b in quiet.outgoing), NOW)
+    quiet.shutdown(NOW)
+    assert not quiet.should_close and quiet.wants_read  # a request on its way is answered
+    quiet.tick(NOW + LINGER - 0.5)
+    assert not quiet.should_close
+    quiet.tick(NOW + LINGER + 0.5)  # none came: closed, nothing unread (no reset)
+    assert quiet.should_close
+
+
+def test_a_stop_answers_the_pipelined_requests_it_read_the_last_saying_close(builds):
+    """Requests pipelined on one read after a graceful stop began (a connection a retiring
+    worker took late, or one whose client sent several at once) are all answered, in
+    order, and only the last response says ``Connection: close``: the stop's close comes
+    after the last request read, never between two of them (closing after the first left
+    the others read and unanswered; a reload storm's held download met that EOF)."""
+    app = App(load_site(builds["notfound"]), Limits())
+    conn = app.connect(NOW)
+    conn.shutdown(NOW)  # the stop, before this connection's first request
+    conn.receive(b"GET /css/site.css HTTP/1.1\r\nHost: x\r\n\r\n" * 3, NOW)
+    out = b"".join(bytes(b) for b in conn.outgoing)
+    responses = out.split(b"HTTP/1.1 200 OK\r\n")[1:]
+    assert len(responses) == 3, out[:300]
+    closes = [b"\r\nConnection: close\r\n" in b"\r\n" + r.split(b"\r\n\r\n", 1)[0] + b"\r\n"
+              for r in responses]
+    assert closes == [False, False, True]
+    assert all(r.endswith(demo_file("css/site.css")) for r in responses)
+    conn.sent(len(out), NOW)
+    assert conn.shut_write or conn.should_close
 
 
 def test_connection_limit_answers_503(builds):

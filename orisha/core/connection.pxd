@@ -51,6 +51,7 @@ cdef class App:
     cdef public Py_ssize_t _second
     cdef readonly Py_ssize_t pipeline, head_scan
     cdef public tuple _tails
+    cdef public bint stopping
     @cython.locals(second=Py_ssize_t)
     cpdef tuple tails(self, double now)
     cpdef tuple plan(self, bytes head)

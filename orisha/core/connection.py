@@ -143,6 +143,9 @@ class App:
         self.plans: dict[bytes, tuple] = {}  # Plan fields, as plain tuples
         self._second = -1
         self._tails = (b"", b"", b"")
+        # A graceful stop began (``Connection.shutdown``): each response from now on is its
+        # connection's last and says ``Connection: close``.
+        self.stopping = False
 
     def tails(self, now: float) -> tuple[bytes, bytes, bytes]:
         """(keep-alive, close, HTTP/1.0 keep-alive) end-of-head lines with Date.
@@ -288,13 +291,22 @@ class Connection:
         elif self.buf or self.discard:
             if waited > limits.head_timeout and not self.close_after:
                 self._error(408, now)
-        elif waited > limits.idle_timeout:
+        elif waited > (LINGER if self.app.stopping else limits.idle_timeout):
+            # Idle after a stop (its response in flight at the stop written, no request since):
+            # as long as a lingering close, then closed with nothing unread (no reset).
             self.should_close = True
 
     def shutdown(self, now: float) -> None:
-        """Graceful stop: finish what is being written, take no new requests."""
-        self.close_after = True
-        if not self.out:
+        """Graceful stop: a connection idle for ``LINGER`` closes now. Any other finishes
+        the response it is writing, and a request it reads next (or is reading) is answered,
+        with ``Connection: close`` (``App.stopping``), before it closes; with none within
+        ``LINGER`` of its last response, it closes (``tick``). Closing at once after the
+        response in flight dropped the next request unanswered (read and drained while
+        lingering) though no response had said the connection would close; and a response
+        just handed to the kernel, not yet read by its client, was cut by the reset that
+        client's next request met at a closed socket."""
+        self.app.stopping = True
+        if not self.out and not self.buf and not self.discard and now - self.since > LINGER:
             self.should_close = True
 
     def _finish(self, now: float) -> None:
@@ -322,6 +334,11 @@ class Connection:
         head, tail, body, close, discard, status, stats = plan
         if stats is None:  # a plan App.plan did not make (an error before a head is read)
             stats = self.app.counts
+        # A graceful stop: the response to the last request read is the connection's last and
+        # says so. Requests already read behind it (pipelined) are answered first, each in
+        # turn: closing after this one would leave them unanswered though read.
+        if self.app.stopping and not close and not self.buf:
+            tail, close = Tail.CLOSE, Close.AFTER
         stats[_REQUESTS] += 1
         stats[_RESPONSE_BYTES] += len(body)
         if status >= 400:
