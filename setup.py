@@ -40,7 +40,9 @@ which every Debian 12 has: ``pipx install`` of the wheel serves HTTP/3 on a mach
 that suite. Debian builds those archives as position-independent executables' objects (PIE,
 not PIC): their calls between their own global symbols are PC-relative, which a shared object
 may take only when those symbols are not exported, so the link hides every symbol of the
-archives (``--exclude-libs,ALL``); the module exports its init function alone, as before.
+archives (``--exclude-libs,ALL``); the module's own symbols are exported as before. Their
+one reference to libc's data, ``stderr`` (debug printers), binds to a hidden copy of the
+module's own (``compiled_h3.pyx``).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ HINTS = {"orisha.protocols.compiled_tls": ": OpenSSL's headers? Debian's libssl-
 # HTTP/3 on ngtcp2 (compiled_h3): the static archives it takes in (Debian's -dev packages
 # from bookworm-backports), in link order; GnuTLS is the one shared library it adds.
 H3_ARCHIVES = ("libngtcp2_crypto_gnutls.a", "libngtcp2.a", "libnghttp3.a")
-H3_HEADERS = (os.path.join("ngtcp2", "ngtcp2.h"), os.path.join("ngtcp2", "ngtcp2_crypto_gnutls.h"),
+H3_HEADERS = (os.path.join("ngtcp2", "ngtcp2.h"),
+              os.path.join("ngtcp2", "ngtcp2_crypto_gnutls.h"),
               os.path.join("nghttp3", "nghttp3.h"))
 
 
