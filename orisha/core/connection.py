@@ -143,8 +143,8 @@ class App:
         self.plans: dict[bytes, tuple] = {}  # Plan fields, as plain tuples
         self._second = -1
         self._tails = (b"", b"", b"")
-        # A graceful stop began (``Connection.shutdown``): each response from now on is its
-        # connection's last and says ``Connection: close``.
+        # A graceful stop began (``Connection.shutdown``): from now on the response to the
+        # last request a connection has read is its last and says ``Connection: close``.
         self.stopping = False
 
     def tails(self, now: float) -> tuple[bytes, bytes, bytes]:
